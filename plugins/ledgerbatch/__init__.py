@@ -1,0 +1,1 @@
+"""ledgerbatch: exactly-once Kafka -> PostgreSQL batches driven by an offset ledger."""

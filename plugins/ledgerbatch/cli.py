@@ -1,0 +1,143 @@
+"""The `ledgerbatch` command line."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .config import Settings, safe_url
+from .errors import ConfigError, LedgerbatchError, SpecError
+
+log = logging.getLogger("ledgerbatch")
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _topic_arg(value: str) -> tuple[str, int]:
+    name, _, partitions = value.partition(":")
+    if not name or not partitions.isdigit() or int(partitions) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be NAME:PARTITIONS, e.g. orders:16")
+    return name, int(partitions)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ledgerbatch", description="Exactly-once Kafka -> PostgreSQL batches with an offset ledger.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("migrate", help="apply sql/ migrations to LEDGERBATCH_DB_URL (safe to run again)")
+    run = sub.add_parser("run", help="plan, process and commit batches until caught up")
+    run.add_argument("pipeline")
+    run.add_argument("--max-batches", type=_positive, metavar="N", help="stop after N committed batches")
+    run.add_argument("--master", help="Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
+    status = sub.add_parser("status", help="cursors, end offsets, lag and recent batches")
+    status.add_argument("pipeline", nargs="?")
+    broker = sub.add_parser("dev-broker", help="run the local Kafka-protocol dev broker in the foreground")
+    broker.add_argument("--brokers", type=_positive, default=3)
+    broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
+                        help="create a topic (repeatable); auto-created topics get 4 partitions")
+    demo = sub.add_parser("demo", help="end to end on the embedded defaults: dev broker, demo data, run, report")
+    demo.add_argument("--records", type=_positive, default=200_000)
+    demo.add_argument("--partitions", type=_positive, default=16)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    settings = Settings.from_env()
+    try:
+        return COMMANDS[args.command](args, settings) or 0
+    except SpecError as exc:
+        print(f"ledgerbatch: bad pipeline spec: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"ledgerbatch: {exc}", file=sys.stderr)
+        return 2
+    except LedgerbatchError as exc:
+        print(f"ledgerbatch: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ledgerbatch: interrupted; run again to resume", file=sys.stderr)
+        return 130
+
+
+def _engine(settings: Settings, require_ledger: bool = True):
+    from .db import make_engine
+    from .migrate import pending
+
+    engine = make_engine(settings.db_url)
+    if require_ledger and pending(engine):
+        raise ConfigError(f"the ledger in {safe_url(settings.db_url)} is not migrated: run `ledgerbatch migrate` first")
+    return engine
+
+
+def cmd_migrate(args, settings: Settings) -> None:
+    from .migrate import migrate
+
+    applied = migrate(_engine(settings, require_ledger=False))
+    print(f"ledger at {safe_url(settings.db_url)}: " + (f"applied migrations {applied}" if applied else "up to date"))
+
+
+def cmd_run(args, settings: Settings) -> None:
+    from .runner import run_pipeline
+    from .sparksession import get_spark
+    from .spec import load_spec
+
+    spec = load_spec(settings.pipelines_dir, args.pipeline)
+    bootstrap = settings.require_bootstrap()
+    engine = _engine(settings)
+    master = args.master or settings.spark_master
+    summary = run_pipeline(engine, spec, settings.db_url, bootstrap, lambda: get_spark(master, f"ledgerbatch-{spec.name}"),
+                           max_batches=args.max_batches)
+    rate = summary.records_read / summary.seconds if summary.seconds else 0
+    print(f"{spec.name}: {summary.batches} batches committed, {summary.records_read} records read, "
+          f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined in {summary.seconds:.1f}s "
+          f"({rate:,.0f} records/s)")
+
+
+def cmd_status(args, settings: Settings) -> None:
+    from sqlalchemy import text
+
+    from .spec import list_specs, load_spec
+    from .sqlfiles import query
+    from .status import status_report
+
+    engine = _engine(settings)
+    if args.pipeline:
+        specs = [load_spec(settings.pipelines_dir, args.pipeline)]
+    else:
+        specs = list_specs(settings.pipelines_dir)
+        with engine.connect() as conn:
+            known = [r.pipeline for r in conn.execute(text(query("known_pipelines")))]
+        missing = sorted(set(known) - {s.name for s in specs})
+        if missing:
+            print(f"(pipelines in the ledger without a spec in {settings.pipelines_dir}: {', '.join(missing)})")
+    for spec in specs:
+        print(status_report(engine, spec.name, spec.topics, settings.bootstrap_servers, dict(spec.kafka_options)))
+
+
+def cmd_dev_broker(args, settings: Settings) -> None:
+    from .devbroker import serve_forever
+
+    serve_forever(args.brokers, dict(args.topic))
+
+
+def cmd_demo(args, settings: Settings) -> None:
+    from .demo import run_demo
+
+    run_demo(settings, args.records, args.partitions)
+
+
+COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "status": cmd_status, "dev-broker": cmd_dev_broker, "demo": cmd_demo}
+
+if __name__ == "__main__":
+    sys.exit(main())

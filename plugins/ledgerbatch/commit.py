@@ -1,0 +1,80 @@
+"""The commit: ONE PostgreSQL transaction that moves staged rows into the target and advances the cursors.
+
+Read it top to bottom like a script. Either every step happens or none does; a commit that
+already happened is a no-op; a cursor that moved under us (a newer attempt, another runner)
+rolls everything back.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+
+from . import ledger, tables
+from .errors import FencedError, LedgerbatchError
+from .faults import crash_point
+from .reconcile import Counts, check_error_budget, reconcile, reconcile_ranges
+from .spec import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    batch_id: int
+    already_committed: bool
+    rows_written: int
+    rows_quarantined: int
+    seconds: float
+
+
+def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None = None) -> CommitResult:
+    started = time.monotonic()
+    with engine.begin() as conn:
+        # 1. Lock the batch; every other committer of it waits here.
+        batch = ledger.get_batch(conn, batch_id, for_update=True)
+        if batch.pipeline != spec.name:
+            raise LedgerbatchError(f"batch {batch_id} belongs to pipeline {batch.pipeline}, not {spec.name}")
+        if batch.status == "committed":
+            log.info("batch %d is already committed: nothing to do", batch_id)
+            return CommitResult(batch_id, True, batch.rows_written, batch.rows_quarantined, time.monotonic() - started)
+        if batch.status != "staged":
+            raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged: process it first")
+        if attempt is not None and batch.attempt != attempt:
+            raise FencedError(f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} owns the batch")
+
+        # 2. Compare-and-set every cursor from `from` to `until`.
+        for r in batch.ranges:
+            if not ledger.advance_cursor(conn, spec.name, batch_id, r):
+                raise FencedError(f"batch {batch_id}: cursor of {r.topic}[{r.partition}] is no longer at {r.from_offset}: fenced")
+
+        # 3. Reconcile what the ledger recorded with what the staging table holds.
+        staged = tables.staged_counts(conn, batch.staging_table)
+        if any(row.rows != row.distinct_offsets for row in staged):
+            raise LedgerbatchError(f"batch {batch_id}: staging table {batch.staging_table} holds duplicate offsets")
+        recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
+        bad = sum(row.bad for row in staged)
+        total = sum(row.rows for row in staged)
+        reconcile(recorded, Counts(total, total - bad, bad))
+        reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
+        check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
+
+        # 4. Move staged rows into the target and bad records into quarantine.
+        tables.ensure_target(conn, spec)
+        tables.move_rows(conn, spec, batch.staging_table, batch_id)
+        quarantined = tables.quarantine_rows(conn, batch.staging_table, batch_id, spec.name)
+        if quarantined != recorded.rows_quarantined:
+            raise LedgerbatchError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
+
+        # 5. Mark committed and drop every attempt's staging table.
+        ledger.mark_committed(conn, batch_id)
+        for staging in ledger.staging_tables(conn, batch_id):
+            tables.drop_staging(conn, staging)
+        crash_point("before_commit")
+    crash_point("after_commit")
+    seconds = time.monotonic() - started
+    log.info("batch %d committed: %d rows written, %d quarantined (commit %.2fs)",
+             batch_id, recorded.rows_written, recorded.rows_quarantined, seconds)
+    return CommitResult(batch_id, False, recorded.rows_written, recorded.rows_quarantined, seconds)

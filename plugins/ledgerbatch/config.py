@@ -1,0 +1,55 @@
+"""Settings from the environment (the CLI and Spark jobs); Airflow passes the same values from Connections."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from .errors import ConfigError
+
+DEFAULT_DB_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Settings:
+    db_url: str
+    bootstrap_servers: str | None
+    pipelines_dir: Path
+    spark_master: str
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        return cls(
+            db_url=os.environ.get("LEDGERBATCH_DB_URL") or DEFAULT_DB_URL,
+            bootstrap_servers=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
+            pipelines_dir=Path(os.environ.get("LEDGERBATCH_PIPELINES_DIR") or "pipelines"),
+            spark_master=os.environ.get("LEDGERBATCH_SPARK_MASTER") or "local[*]",
+        )
+
+    def require_bootstrap(self) -> str:
+        if not self.bootstrap_servers:
+            raise ConfigError("KAFKA_BOOTSTRAP_SERVERS is not set (start one with `ledgerbatch dev-broker`)")
+        return self.bootstrap_servers
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password masked, for logs and errors."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"
+
+
+def libpq_dsn(url: str) -> str:
+    """A libpq connection string for executors, which connect with psycopg2 directly."""
+    u = make_url(url)
+    parts = {"host": u.host, "port": u.port, "dbname": u.database, "user": u.username, "password": u.password}
+    parts.update({k: v for k, v in u.query.items() if isinstance(v, str)})
+    return " ".join(f"{k}={_dsn_quote(str(v))}" for k, v in parts.items() if v is not None)
+
+
+def _dsn_quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

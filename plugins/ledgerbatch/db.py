@@ -1,0 +1,25 @@
+"""The ledger database engine, with errors that name the server but never its password."""
+from __future__ import annotations
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError, OperationalError
+
+from .config import safe_url
+from .errors import ConfigError
+
+
+def make_engine(url: str) -> Engine:
+    try:
+        engine = create_engine(url, pool_pre_ping=True, hide_parameters=True)
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigError(f"LEDGERBATCH_DB_URL {safe_url(url)!r} is not a valid SQLAlchemy URL: {exc}") from None
+    if engine.dialect.name != "postgresql":
+        raise ConfigError(f"LEDGERBATCH_DB_URL must point to PostgreSQL, got {engine.dialect.name}")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise ConfigError(f"database {safe_url(url)} is not reachable: {reason}") from None
+    return engine

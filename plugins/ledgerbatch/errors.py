@@ -1,0 +1,29 @@
+"""Error types. Every message is one line a user can act on."""
+
+
+class LedgerbatchError(Exception):
+    """Base of every error the CLI reports as a one-line message."""
+
+
+class ConfigError(LedgerbatchError):
+    """Bad environment, connection settings or unreachable service."""
+
+
+class SpecError(LedgerbatchError):
+    """A pipeline spec that does not validate."""
+
+
+class FencedError(LedgerbatchError):
+    """Another attempt owns the batch or moved the cursors: this one must stop."""
+
+
+class ReconcileError(LedgerbatchError):
+    """Counts that do not add up, or too many bad records: nothing is committed."""
+
+
+class DataLossError(LedgerbatchError):
+    """Offsets the ledger needs are no longer in Kafka."""
+
+
+class BatchFailedError(LedgerbatchError):
+    """Processing a batch failed; the ledger records why and the batch stays unfinished."""

@@ -1,0 +1,100 @@
+"""Processing one batch on Spark: read its ranges, parse, write the attempt's staging table.
+
+Nothing is collected to the driver: executors read Kafka and COPY into PostgreSQL themselves.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+import time
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from . import ledger, source, stage, tables
+from .config import libpq_dsn
+from .errors import BatchFailedError, FencedError, ReconcileError
+from .kafka import consumer_config
+from .ledger import Batch
+from .parse import parse_batches, staged_struct
+from .reconcile import Counts, check_error_budget
+from .spec import PipelineSpec
+from .sqlfiles import query
+
+log = logging.getLogger(__name__)
+_PY_ERROR = re.compile(r"^(?:\w+\.)*(\w+(?:Error|Exception)): (.+)$", re.M)
+
+
+def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_url: str, bootstrap_servers: str,
+                  stall_timeout_s: float = 60.0) -> Batch:
+    """Stage batch `batch_id` under a new attempt; returns the staged batch. Raises if it cannot."""
+    started = time.monotonic()
+    with engine.begin() as conn:
+        attempt = ledger.begin_attempt(conn, batch_id)
+        batch = ledger.get_batch(conn, batch_id)
+        staging = tables.staging_name(batch_id, attempt)
+        conn.execute(text(tables.create_staging_sql(spec, staging)))
+    log.info("batch %d attempt %d: reading %d offsets from %d ranges into ledger_staging.%s",
+             batch_id, attempt, batch.span, len(batch.ranges), staging)
+    ranges_json = json.dumps([r.to_dict() for r in batch.ranges])
+    try:
+        raw = (
+            spark.read.format(source.FORMAT)
+            .option("ranges", ranges_json)
+            .option("kafka", json.dumps(consumer_config(bootstrap_servers, dict(spec.kafka_options))))
+            .option("stall_timeout_s", str(stall_timeout_s))
+            .load()
+        )
+        parsed = raw.mapInArrow(functools.partial(parse_batches, columns=spec.columns, required=spec.key),
+                                staged_struct(spec.columns))
+        (
+            parsed.write.format(stage.FORMAT).mode("append")
+            .option("dsn", libpq_dsn(db_url))
+            .option("db_url", db_url)
+            .option("table", f'ledger_staging."{staging}"')
+            .option("staging_table", staging)
+            .option("delete_sql", tables.delete_partition_sql(staging))
+            .option("mark_staged_sql", query("mark_staged"))
+            .option("set_range_count_sql", query("set_range_count"))
+            .option("batch_id", str(batch_id))
+            .option("attempt", str(attempt))
+            .option("ranges", ranges_json)
+            .save()
+        )
+    except Exception as exc:
+        reason = spark_error_reason(exc)
+        with engine.begin() as conn:
+            owned = ledger.mark_failed(conn, batch_id, attempt, reason)
+        if not owned or "no longer owns the batch" in reason:
+            raise FencedError(f"batch {batch_id} attempt {attempt}: {reason}") from None
+        raise BatchFailedError(f"batch {batch_id} attempt {attempt} failed: {reason}") from None
+
+    with engine.connect() as conn:
+        batch = ledger.get_batch(conn, batch_id)
+    if batch.status != "staged" or batch.attempt != attempt:
+        raise FencedError(f"batch {batch_id}: attempt {attempt} was overtaken by attempt {batch.attempt}")
+    counts = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
+    try:
+        check_error_budget(counts, spec.error_policy, spec.max_error_ratio)
+    except ReconcileError as exc:
+        with engine.begin() as conn:
+            ledger.mark_failed(conn, batch_id, attempt, str(exc))
+        raise BatchFailedError(
+            f"batch {batch_id} failed, nothing committed: {exc}. The bad records are in "
+            f"ledger_staging.{staging} (WHERE _error IS NOT NULL); fix the data or the spec's errors section "
+            f"and run again"
+        ) from None
+    log.info("batch %d staged: %d records read, %d rows, %d bad (%.1fs)", batch_id, counts.records_read,
+             counts.rows_written, counts.rows_quarantined, time.monotonic() - started)
+    return batch
+
+
+def spark_error_reason(exc: Exception) -> str:
+    """The Python error at the root of a Spark failure, in one line."""
+    found = _PY_ERROR.findall(str(exc))
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message.strip()}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,52 @@
+"""The loop behind `ledgerbatch run`: plan, process, commit until caught up (or N batches)."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sqlalchemy.engine import Engine
+
+from .commit import commit_batch
+from .faults import crash_point
+from .planner import plan_next
+from .process import process_batch
+from .spec import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    batches: int = 0
+    records_read: int = 0
+    rows_written: int = 0
+    rows_quarantined: int = 0
+    seconds: float = 0.0
+    batch_ids: list[int] = field(default_factory=list)
+
+
+def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
+                 spark_factory: Callable, max_batches: int | None = None) -> RunSummary:
+    summary, started, spark = RunSummary(), time.monotonic(), None
+    while max_batches is None or summary.batches < max_batches:
+        batch = plan_next(engine, spec, bootstrap_servers)
+        if batch is None:
+            break
+        crash_point("after_plan")
+        if batch.status != "staged":
+            spark = spark or spark_factory()
+            batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
+            crash_point("after_stage")
+        result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
+        summary.batches += 1
+        summary.batch_ids.append(batch.batch_id)
+        summary.records_read += batch.records_read
+        summary.rows_written += batch.rows_written
+        summary.rows_quarantined += batch.rows_quarantined
+        log.info("progress: %d batches, %d records read, %d rows written, %d quarantined (%s)",
+                 summary.batches, summary.records_read, summary.rows_written, summary.rows_quarantined,
+                 "already committed" if result.already_committed else f"commit {result.seconds:.2f}s")
+    summary.seconds = time.monotonic() - started
+    return summary

@@ -1,0 +1,83 @@
+"""Shapes of a pipeline's staging and target tables, and the SQL that fills them (from sql/queries)."""
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from .errors import SpecError
+from .identifiers import quote_ident
+from .ledger import table_columns
+from .spec import PipelineSpec
+from .sqlfiles import Fragment, query
+
+LINEAGE_TYPES = {"_topic": "text", "_partition": "integer", "_offset": "bigint", "_batch_id": "bigint"}
+# information_schema.columns.data_type of each PostgreSQL type ledgerbatch creates
+_INFO_TYPES = {"timestamptz": "timestamp with time zone"}
+
+
+def staging_name(batch_id: int, attempt: int) -> str:
+    return f"b{batch_id}_a{attempt}"
+
+
+def _defs(spec: PipelineSpec) -> Fragment:
+    return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in spec.columns))
+
+
+def _columns(spec: PipelineSpec) -> list[str]:
+    return [c.name for c in spec.columns]
+
+
+def create_staging_sql(spec: PipelineSpec, staging: str) -> str:
+    return query("create_staging", staging=staging, defs=_defs(spec))
+
+
+def delete_partition_sql(staging: str) -> str:
+    return query("staging_delete_partition", staging=staging)
+
+
+def ensure_target(conn: Connection, spec: PipelineSpec) -> None:
+    """Create the target on first use; refuse one whose columns disagree with the spec."""
+    if spec.mode == "append":
+        sql = query("create_target_append", schema=spec.target_schema, table=spec.target_table, defs=_defs(spec))
+    else:
+        sql = query("create_target_upsert", schema=spec.target_schema, table=spec.target_table,
+                    defs=_defs(spec), key=list(spec.key))
+    conn.execute(text(sql))
+    actual = {r.column_name: r for r in table_columns(conn, spec.target_schema, spec.target_table)}
+    expected = {c.name: c.pg_type for c in spec.columns} | LINEAGE_TYPES
+    problems = []
+    for name, pg_type in expected.items():
+        col = actual.get(name)
+        base = pg_type.split("(")[0]
+        if col is None:
+            problems.append(f"{name} is missing")
+        elif col.data_type != _INFO_TYPES.get(base, base):
+            problems.append(f"{name} is {col.data_type}, the spec says {pg_type}")
+        elif base == "numeric" and f"numeric({col.numeric_precision},{col.numeric_scale})" != pg_type:
+            problems.append(f"{name} is numeric({col.numeric_precision},{col.numeric_scale}), the spec says {pg_type}")
+    if problems:
+        raise SpecError(f"target table {spec.target_schema}.{spec.target_table} disagrees with the spec: {'; '.join(problems)}")
+
+
+def staged_counts(conn: Connection, staging: str) -> list:
+    return conn.execute(text(query("staged_counts", staging=staging))).all()
+
+
+def move_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> int:
+    """Staged good rows into the target; returns the rows inserted or updated."""
+    params = dict(schema=spec.target_schema, table=spec.target_table, staging=staging, columns=_columns(spec))
+    if spec.mode == "append":
+        sql = query("insert_append", **params)
+    else:
+        updated = _columns(spec) + list(LINEAGE_TYPES)
+        set_list = Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
+        sql = query("insert_upsert", key=list(spec.key), set_list=set_list, **params)
+    return conn.execute(text(sql), {"batch_id": batch_id}).rowcount
+
+
+def quarantine_rows(conn: Connection, staging: str, batch_id: int, pipeline: str) -> int:
+    return conn.execute(text(query("insert_quarantine", staging=staging)), {"batch_id": batch_id, "pipeline": pipeline}).rowcount
+
+
+def drop_staging(conn: Connection, staging: str) -> None:
+    conn.execute(text(query("drop_staging", staging=staging)))
