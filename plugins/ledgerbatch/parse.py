@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from decimal import Decimal, InvalidOperation, ROUND_HALF_UP
+from decimal import Context, Decimal, InvalidOperation, ROUND_HALF_UP
 from typing import Callable, Iterator
 
 from pyspark.sql.types import (
@@ -31,6 +31,7 @@ _SPARK_TYPES: dict[str, Callable[[Column], DataType]] = {
 }
 _INT_BOUNDS = {"SMALLINT": 2**15, "INT": 2**31, "BIGINT": 2**63}
 _FLOAT_MAX = 3.4028234663852886e38
+_WIDE = Context(prec=100)  # room to round any value that can fit DECIMAL(38, s) before the range check
 
 
 class BadValue(ValueError):
@@ -113,9 +114,9 @@ def _decimal_converter(col: Column):
             raise BadValue(f"{_show(v)} is not a decimal number") from None
         if not d.is_finite():
             raise BadValue(f"{_show(v)} is not a finite number")
-        d = d.quantize(quantum, rounding=ROUND_HALF_UP)
+        d = d.quantize(quantum, rounding=ROUND_HALF_UP, context=_WIDE) if d.adjusted() < 40 else d
         if abs(d) >= limit:
-            raise BadValue(f"{v} does not fit DECIMAL({col.precision},{col.scale})")
+            raise BadValue(f"{_show(v)} does not fit DECIMAL({col.precision},{col.scale})")
         return d
     return convert
 

@@ -24,7 +24,8 @@ from .spec import PipelineSpec
 from .sqlfiles import query
 
 log = logging.getLogger(__name__)
-_PY_ERROR = re.compile(r"^(?:\w+\.)*(\w+(?:Error|Exception)): (.+)$", re.M)
+# A Python worker's traceback inside a Spark error, up to Spark's own SQLSTATE or JVM stack.
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n(.*?)(?=\n\s*SQLSTATE|\n\tat |\Z)", re.S)
 
 
 def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_url: str, bootstrap_servers: str,
@@ -93,8 +94,10 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
 
 def spark_error_reason(exc: Exception) -> str:
     """The Python error at the root of a Spark failure, in one line."""
-    found = _PY_ERROR.findall(str(exc))
-    if found:
-        name, message = found[-1]
-        return f"{name}: {message.strip()}"
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = str(exc)
+    tracebacks = _TRACEBACK.findall(message)
+    if tracebacks:
+        lines = [line.strip() for line in tracebacks[-1].splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return message.strip().splitlines()[0] if message.strip() else type(exc).__name__

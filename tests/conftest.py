@@ -1,0 +1,107 @@
+"""Shared fixtures: the real PostgreSQL server, the dev broker, local Spark, pipelines in a temp dir."""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "plugins"))
+
+TEST_DB = "ledgerbatch_test"
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def db_url() -> str:
+    """A fresh, migrated ledger database on the configured server."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from ledgerbatch.config import Settings
+    from ledgerbatch.db import make_engine
+    from ledgerbatch.migrate import migrate
+
+    server = Settings.from_env().db_url
+    admin = create_engine(make_url(server).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{TEST_DB}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{TEST_DB}"'))
+    admin.dispose()
+    url = make_url(server).set(database=TEST_DB).render_as_string(hide_password=False)
+    engine = make_engine(url)
+    migrate(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture(scope="session")
+def engine(db_url):
+    from ledgerbatch.db import make_engine
+
+    engine = make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def broker():
+    from ledgerbatch.devbroker import DevBroker
+
+    with DevBroker(3) as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from ledgerbatch.sparksession import get_spark
+
+    s = get_spark("local[2]", "ledgerbatch-tests")
+    yield s
+    s.stop()
+
+
+class Pipeline:
+    """A uniquely named pipeline, topic and target table, with its spec written to a temp pipelines dir."""
+
+    def __init__(self, directory: Path, broker, partitions: int, **overrides):
+        n = next(_names)
+        self.name = f"p{os.getpid()}_{n}"
+        self.topic = f"t_{self.name}"
+        self.table = f"target_{self.name}"
+        self.dir = directory
+        self.partitions = partitions
+        broker.create_topic(self.topic, partitions)
+        doc = {
+            "name": self.name,
+            "source": {"topics": [self.topic], "format": "json",
+                       "schema": "order_id STRING, customer STRING, amount DECIMAL(12,2), ts TIMESTAMP"},
+            "target": {"table": f"public.{self.table}", "mode": "append"},
+            "batch": {"max_records": 100_000},
+            "errors": {"policy": "quarantine", "max_ratio": 0.5},
+        }
+        for key, value in overrides.items():
+            section, _, field = key.partition("__")
+            if field:
+                doc[section][field] = value
+            else:
+                doc[section] = value
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"{self.name}.yaml").write_text(yaml.safe_dump(doc))
+
+    @property
+    def spec(self):
+        from ledgerbatch.spec import load_spec
+
+        return load_spec(self.dir, self.name)
+
+
+@pytest.fixture
+def make_pipeline(tmp_path, broker):
+    def make(partitions: int = 4, **overrides) -> Pipeline:
+        return Pipeline(tmp_path / "pipelines", broker, partitions, **overrides)
+    return make
