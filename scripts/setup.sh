@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Create or refresh .venv with everything ledgerbatch needs, and check Java and PostgreSQL.
+# Sourced by scripts/demo.sh and scripts/test.sh; safe to run again (skips pip when nothing changed).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { printf '[setup] %s\n' "$*"; }
+
+if ! command -v java >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing Java 17 (Spark needs a JVM)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  else
+    say "Java 17 is required by Spark: install it (e.g. apt-get install openjdk-17-jre-headless)"; exit 1
+  fi
+fi
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  say "Python 3.10+ is required (found $("$PYTHON" --version 2>&1))"; exit 1
+fi
+[ -x .venv/bin/python ] || { say "creating .venv"; "$PYTHON" -m venv .venv; }
+stamp=.venv/.requirements.sha256
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing requirements into .venv (first run takes a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements.txt
+  .venv/bin/python -m pip install -q --no-deps -e .
+  echo "$want" > "$stamp"
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+export PYSPARK_PYTHON="$PWD/.venv/bin/python"
+
+# PostgreSQL: the configured server, else this machine's own (started if it is stopped).
+if [ -z "${LEDGERBATCH_DB_URL:-}" ]; then
+  if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+      say "starting the local PostgreSQL server"
+      pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+      for _ in $(seq 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+    fi
+  fi
+  if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    say "no PostgreSQL on 127.0.0.1:5432: start one, or set LEDGERBATCH_DB_URL=postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DB"
+    exit 1
+  fi
+fi
+say "ready: $(.venv/bin/python --version), $(java -version 2>&1 | head -n1)"

@@ -1,0 +1,39 @@
+"""spark-submit entry point: stage one planned batch of one pipeline.
+
+    spark-submit [--master ...] spark_jobs/process_batch.py --pipeline orders --batch-id 42
+
+Settings come from the environment (LEDGERBATCH_DB_URL, KAFKA_BOOTSTRAP_SERVERS,
+LEDGERBATCH_PIPELINES_DIR). The logic lives in the ledgerbatch package.
+"""
+import argparse
+import logging
+import sys
+
+from ledgerbatch.config import Settings
+from ledgerbatch.db import make_engine
+from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.process import process_batch
+from ledgerbatch.sparksession import get_spark
+from ledgerbatch.spec import load_spec
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--batch-id", type=int, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = Settings.from_env()
+    try:
+        spec = load_spec(settings.pipelines_dir, args.pipeline)
+        spark = get_spark(None, f"ledgerbatch-{spec.name}-batch-{args.batch_id}")
+        process_batch(spark, make_engine(settings.db_url), spec, args.batch_id, settings.db_url,
+                      settings.require_bootstrap())
+    except LedgerbatchError as exc:
+        print(f"ledgerbatch: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

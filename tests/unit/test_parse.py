@@ -1,0 +1,57 @@
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from ledgerbatch.parse import BadValue, converter, parse_value
+from ledgerbatch.schema import parse_schema
+
+COLUMNS = parse_schema("s STRING, i INT, b BIGINT, d DECIMAL(6,2), f DOUBLE, ok BOOLEAN, ts TIMESTAMP, day DATE")
+CONVERTERS = [converter(c) for c in COLUMNS]
+
+
+def parse(raw):
+    return dict(zip([c.name for c in COLUMNS], parse_value(raw, COLUMNS, CONVERTERS)))
+
+
+def test_typed_values_and_missing_fields():
+    row = parse(b'{"s": "x", "i": 7, "d": "12.345", "f": 1.5, "ok": false, "ts": "2026-01-02T03:04:05+01:00", '
+                b'"day": "2026-01-02", "extra": [1]}')
+    assert row == {"s": "x", "i": 7, "b": None, "d": Decimal("12.35"), "f": 1.5, "ok": False,
+                   "ts": dt.datetime(2026, 1, 2, 2, 4, 5, tzinfo=dt.timezone.utc), "day": dt.date(2026, 1, 2)}
+
+
+def test_numbers_and_booleans_keep_their_json_text_in_strings():
+    assert parse(b'{"s": 1.50}')["s"] == "1.50"
+    assert parse(b'{"s": true}')["s"] == "true"
+
+
+def test_naive_timestamps_are_utc():
+    assert parse(b'{"ts": "2026-01-02 03:04:05"}')["ts"] == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (None, "null value (tombstone)"),
+    (b"", "empty value"),
+    (b"\xc3\x28", "not valid UTF-8"),
+    (b"{", "not valid JSON"),
+    (b"null", "JSON null, not an object"),
+    (b"42", "JSON int, not an object"),
+    (b'{"i": 1.5}', "field i: expected an integer"),
+    (b'{"i": true}', "field i: expected an integer"),
+    (b'{"i": 2147483648}', "field i: integer 2147483648 is out of range"),
+    (b'{"d": 10000}', "field d: 10000 does not fit DECIMAL(6,2)"),
+    (b'{"d": "1e99999"}', "does not fit DECIMAL(6,2)"),
+    (b'{"d": "abc"}', "is not a decimal number"),
+    (b'{"d": Infinity}', "Infinity is not a JSON number"),
+    (b'{"f": "1.5"}', "field f: expected a number"),
+    (b'{"ok": 1}', "field ok: expected true or false"),
+    (b'{"ts": "soon"}', "not an ISO-8601 timestamp"),
+    (b'{"day": "2026-13-01"}', "not an ISO-8601 date"),
+    (b'{"s": {"a": 1}}', "expected a string, got a JSON object"),
+    (b'{"s": "nul\\u0000"}', "NUL character"),
+    (b"[" * 100_000, "nested too deeply"),
+])
+def test_bad_values_say_why(raw, reason):
+    with pytest.raises(BadValue, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        parse(raw)

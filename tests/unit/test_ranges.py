@@ -1,0 +1,51 @@
+import pytest
+
+from ledgerbatch.errors import DataLossError, LedgerbatchError
+from ledgerbatch.ranges import OffsetRange, Watermarks, plan_ranges, split_budget, start_offsets
+
+
+def test_split_budget_serves_small_lags_whole_and_splits_the_rest_evenly():
+    lags = {("t", 0): 5, ("t", 1): 1000, ("t", 2): 1000, ("t", 3): 0}
+    assert split_budget(lags, 105) == {("t", 0): 5, ("t", 1): 50, ("t", 2): 50}
+
+
+def test_split_budget_uses_the_whole_budget_and_never_more_than_the_lag():
+    lags = {("t", p): 100 for p in range(3)}
+    alloc = split_budget(lags, 10)
+    assert sum(alloc.values()) == 10 and all(1 <= n <= 4 for n in alloc.values())
+    assert split_budget(lags, 10_000) == lags
+
+
+def test_split_budget_smaller_than_partition_count_still_progresses():
+    alloc = split_budget({("t", p): 10 for p in range(4)}, 2)
+    assert sum(alloc.values()) == 2
+
+
+def test_plan_ranges_from_cursors_to_ends():
+    ends = {("t", 0): Watermarks(0, 10), ("t", 1): Watermarks(3, 3)}
+    assert plan_ranges(ends, {("t", 0): 4, ("t", 1): 3}, 100) == [OffsetRange("t", 0, 4, 10)]
+    assert plan_ranges(ends, {("t", 0): 10, ("t", 1): 3}, 100) == []
+
+
+def test_cursor_before_log_start_is_data_loss_and_past_end_is_an_error():
+    ends = {("t", 0): Watermarks(50, 100)}
+    with pytest.raises(DataLossError, match=r"offsets \[10, 50\) were deleted"):
+        plan_ranges(ends, {("t", 0): 10}, 100)
+    with pytest.raises(LedgerbatchError, match="past the log end"):
+        plan_ranges(ends, {("t", 0): 101}, 100)
+    with pytest.raises(LedgerbatchError, match="no longer exists"):
+        plan_ranges(ends, {("t", 9): 0}, 100)
+
+
+def test_start_offsets_earliest_latest_and_existing_cursors():
+    ends = {("t", 0): Watermarks(5, 10), ("t", 1): Watermarks(0, 7)}
+    assert start_offsets(ends, {}, "earliest") == {("t", 0): 5, ("t", 1): 0}
+    assert start_offsets(ends, {}, "latest") == {("t", 0): 10, ("t", 1): 7}
+    assert start_offsets(ends, {("t", 0): 8}, "latest") == {("t", 0): 8, ("t", 1): 7}
+
+
+def test_offset_range_rejects_backwards_ranges_and_round_trips():
+    with pytest.raises(ValueError):
+        OffsetRange("t", 0, 5, 4)
+    r = OffsetRange("t", 2, 5, 9)
+    assert OffsetRange.from_dict(r.to_dict()) == r and r.span == 4

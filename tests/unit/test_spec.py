@@ -1,0 +1,68 @@
+import pytest
+
+from ledgerbatch.errors import SpecError
+from ledgerbatch.spec import parse_spec
+
+MINIMAL = {
+    "name": "orders",
+    "source": {"topics": ["orders"], "format": "json",
+               "schema": "order_id STRING, customer STRING, amount DECIMAL(12,2), ts TIMESTAMP"},
+    "target": {"table": "public.orders", "mode": "append"},
+    "batch": {"max_records": 100000},
+    "errors": {"policy": "quarantine", "max_ratio": 0.05},
+}
+
+
+def spec_with(**changes):
+    doc = {k: dict(v) if isinstance(v, dict) else v for k, v in MINIMAL.items()}
+    for path, value in changes.items():
+        section, _, key = path.partition("__")
+        if key:
+            doc[section][key] = value
+        else:
+            doc[section] = value
+    return doc
+
+
+def test_design_minimal_spec_is_accepted():
+    s = parse_spec(MINIMAL)
+    assert (s.name, s.topics, s.target_schema, s.target_table, s.mode) == ("orders", ("orders",), "public", "orders", "append")
+    assert [c.pg_type for c in s.columns] == ["text", "text", "numeric(12,2)", "timestamptz"]
+    assert s.start == "earliest" and s.max_records == 100000
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"target__table": "x; DROP TABLE y"}, "not a valid identifier"),
+    ({"target__table": "a.b.c"}, "must be `table` or `schema.table`"),
+    ({"source__schema": "id STRING, id INT"}, "appears twice"),
+    ({"source__schema": "`x; drop` STRING"}, "not a valid identifier"),
+    ({"source__schema": "id MAP<STRING,INT>"}, "is not supported"),
+    ({"source__schema": "_offset BIGINT"}, "reserved for lineage"),
+    ({"source__schema": "a DECIMAL(40,2)"}, "precision <= 38"),
+    ({"source__format": "avro"}, "not supported"),
+    ({"source__shema": "x"}, "unknown key(s) shema"),
+    ({"extra": 1}, "unknown key(s) extra"),
+    ({"target__mode": "upsert"}, "needs target.key"),
+    ({"target__mode": "upsert", "target__key": ["nope"]}, "not in source.schema"),
+    ({"target__key": ["order_id"]}, "only used with target.mode upsert"),
+    ({"batch__max_records": 0}, "positive integer"),
+    ({"batch__max_records": True}, "positive integer"),
+    ({"errors__max_ratio": 2}, "between 0 and 1"),
+    ({"errors__policy": "ignore"}, "must be one of quarantine, fail"),
+    ({"source__start": "middle"}, "must be one of earliest, latest"),
+    ({"source__topics": []}, "non-empty list"),
+    ({"source__topics": ["bad topic"]}, "not a valid Kafka topic name"),
+    ({"name": "Orders-1"}, "lowercase letters"),
+])
+def test_bad_specs_get_clear_errors(changes, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        parse_spec(spec_with(**changes))
+
+
+def test_missing_sections_and_fields():
+    with pytest.raises(SpecError, match="missing required key 'source'"):
+        parse_spec({"name": "x", "target": {"table": "t"}})
+    with pytest.raises(SpecError, match="missing required key 'schema'"):
+        parse_spec(spec_with(source={"topics": ["a"]}))
+    with pytest.raises(SpecError, match="must be a mapping"):
+        parse_spec(["not", "a", "mapping"])
