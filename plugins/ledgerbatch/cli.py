@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master", help="Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
     status = sub.add_parser("status", help="cursors, end offsets, lag and recent batches")
     status.add_argument("pipeline", nargs="?")
+    verify = sub.add_parser("verify", help="check the exactly-once invariants; exit 1 naming each violation")
+    verify.add_argument("pipeline")
     broker = sub.add_parser("dev-broker", help="run the local Kafka-protocol dev broker in the foreground")
     broker.add_argument("--brokers", type=_positive, default=3)
     broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
@@ -125,6 +127,18 @@ def cmd_status(args, settings: Settings) -> None:
         print(status_report(engine, spec.name, spec.topics, settings.bootstrap_servers, dict(spec.kafka_options)))
 
 
+def cmd_verify(args, settings: Settings) -> int:
+    from .spec import load_spec
+    from .verify import verify
+
+    spec = load_spec(settings.pipelines_dir, args.pipeline)
+    problems = verify(_engine(settings), spec)
+    for problem in problems:
+        print(f"VIOLATION {spec.name}: {problem}")
+    print(f"{spec.name}: {len(problems)} violations" if problems else f"{spec.name}: all invariants hold")
+    return 1 if problems else 0
+
+
 def cmd_dev_broker(args, settings: Settings) -> None:
     from .devbroker import serve_forever
 
@@ -137,7 +151,7 @@ def cmd_demo(args, settings: Settings) -> None:
     run_demo(settings, args.records, args.partitions)
 
 
-COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "status": cmd_status, "dev-broker": cmd_dev_broker, "demo": cmd_demo}
+COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "status": cmd_status, "verify": cmd_verify, "dev-broker": cmd_dev_broker, "demo": cmd_demo}
 
 if __name__ == "__main__":
     sys.exit(main())

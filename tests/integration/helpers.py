@@ -88,6 +88,9 @@ def assert_exactly_once(engine, pipeline, bootstrap: str, good: set[tuple[int, i
             "ON t.table_name LIKE 'b' || b.batch_id || '\\_a%' WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :p"),
             {"p": pipeline.name}).scalar_one()
         assert staging == 0, "staging tables left behind"
+    from ledgerbatch.verify import verify
+
+    assert verify(engine, pipeline.spec) == []
 
 
 def cli(args: list[str], db_url: str, bootstrap: str | None, pipelines_dir: Path, timeout: float = 300, **env) -> subprocess.CompletedProcess:
