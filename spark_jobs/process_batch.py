@@ -14,7 +14,6 @@ from ledgerbatch.db import make_engine
 from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.process import process_batch
 from ledgerbatch.sparksession import get_spark
-from ledgerbatch.spec import load_spec
 
 
 def main() -> int:
@@ -23,9 +22,9 @@ def main() -> int:
     parser.add_argument("--batch-id", type=int, required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    settings = Settings.from_env()
     try:
-        spec = load_spec(settings.pipelines_dir, args.pipeline)
+        settings = Settings.from_env()
+        spec = settings.spec(args.pipeline)
         spark = get_spark(None, f"ledgerbatch-{spec.name}-batch-{args.batch_id}")
         process_batch(spark, make_engine(settings.db_url), spec, args.batch_id, settings.db_url,
                       settings.require_bootstrap())

@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    settings = Settings.from_env()
     try:
+        settings = Settings.from_env()
         return COMMANDS[args.command](args, settings) or 0
     except SpecError as exc:
         print(f"ledgerbatch: bad pipeline spec: {exc}", file=sys.stderr)
@@ -92,9 +92,8 @@ def cmd_migrate(args, settings: Settings) -> None:
 def cmd_run(args, settings: Settings) -> None:
     from .runner import run_pipeline
     from .sparksession import get_spark
-    from .spec import load_spec
 
-    spec = load_spec(settings.pipelines_dir, args.pipeline)
+    spec = settings.spec(args.pipeline)
     bootstrap = settings.require_bootstrap()
     engine = _engine(settings)
     master = args.master or settings.spark_master
@@ -109,13 +108,13 @@ def cmd_run(args, settings: Settings) -> None:
 def cmd_status(args, settings: Settings) -> None:
     from sqlalchemy import text
 
-    from .spec import list_specs, load_spec
+    from .spec import list_specs, with_kafka_options
     from .sqlfiles import query
     from .status import status_report
 
     engine = _engine(settings)
     if args.pipeline:
-        specs = [load_spec(settings.pipelines_dir, args.pipeline)]
+        specs = [settings.spec(args.pipeline)]
     else:
         specs = list_specs(settings.pipelines_dir)
         with engine.connect() as conn:
@@ -124,14 +123,14 @@ def cmd_status(args, settings: Settings) -> None:
         if missing:
             print(f"(pipelines in the ledger without a spec in {settings.pipelines_dir}: {', '.join(missing)})")
     for spec in specs:
+        spec = with_kafka_options(spec, settings.kafka_options)
         print(status_report(engine, spec.name, spec.topics, settings.bootstrap_servers, dict(spec.kafka_options)))
 
 
 def cmd_verify(args, settings: Settings) -> int:
-    from .spec import load_spec
     from .verify import verify
 
-    spec = load_spec(settings.pipelines_dir, args.pipeline)
+    spec = settings.spec(args.pipeline)
     problems = verify(_engine(settings), spec)
     for problem in problems:
         print(f"VIOLATION {spec.name}: {problem}")

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Engine
 from . import ledger, tables
 from .errors import FencedError, LedgerbatchError
 from .faults import crash_point
+from .replay import check_range
 from .reconcile import Counts, check_error_budget, reconcile, reconcile_ranges
 from .spec import PipelineSpec
 
@@ -45,10 +46,21 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
         if attempt is not None and batch.attempt != attempt:
             raise FencedError(f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} owns the batch")
 
-        # 2. Compare-and-set every cursor from `from` to `until`.
-        for r in batch.ranges:
-            if not ledger.advance_cursor(conn, spec.name, batch_id, r):
-                raise FencedError(f"batch {batch_id}: cursor of {r.topic}[{r.partition}] is no longer at {r.from_offset}: fenced")
+        # 2. Live: compare-and-set every cursor from `from` to `until`.
+        #    Replay/backfill: the cursors stay; each range must still be what it was planned as.
+        if batch.kind == "live":
+            for r in batch.ranges:
+                if not ledger.advance_cursor(conn, spec.name, batch_id, r):
+                    raise FencedError(f"batch {batch_id}: cursor of {r.topic}[{r.partition}] is no longer at {r.from_offset}: fenced")
+        else:
+            ledger.lock_pipeline(conn, spec.name)
+            for r in batch.ranges:
+                try:
+                    kind = check_range(conn, spec.name, r)
+                except LedgerbatchError as exc:
+                    raise FencedError(f"batch {batch_id}: {exc}") from None
+                if kind != batch.kind:
+                    raise FencedError(f"batch {batch_id}: {r} is now a {kind}, not a {batch.kind}: fenced")
 
         # 3. Reconcile what the ledger recorded with what the staging table holds.
         staged = tables.staged_counts(conn, batch.staging_table)
@@ -61,9 +73,13 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
         reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
         check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
 
-        # 4. Move staged rows into the target and bad records into quarantine.
+        # 4. Move staged rows into the target and bad records into quarantine
+        #    (a replay first removes what earlier deliveries of its ranges left there).
         tables.ensure_target(conn, spec)
-        tables.move_rows(conn, spec, batch.staging_table, batch_id)
+        if batch.kind == "live":
+            tables.move_rows(conn, spec, batch.staging_table, batch_id)
+        else:
+            tables.replace_rows(conn, spec, batch.staging_table, batch_id)
         quarantined = tables.quarantine_rows(conn, batch.staging_table, batch_id, spec.name)
         if quarantined != recorded.rows_quarantined:
             raise LedgerbatchError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
@@ -75,6 +91,6 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
         crash_point("before_commit")
     crash_point("after_commit")
     seconds = time.monotonic() - started
-    log.info("batch %d committed: %d rows written, %d quarantined (commit %.2fs)",
-             batch_id, recorded.rows_written, recorded.rows_quarantined, seconds)
+    log.info("%s batch %d committed: %d rows written, %d quarantined (commit %.2fs)",
+             batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, seconds)
     return CommitResult(batch_id, False, recorded.rows_written, recorded.rows_quarantined, seconds)

@@ -1,8 +1,9 @@
 """Settings from the environment (the CLI and Spark jobs); Airflow passes the same values from Connections."""
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -19,15 +20,30 @@ class Settings:
     bootstrap_servers: str | None
     pipelines_dir: Path
     spark_master: str
+    kafka_options: dict = field(default_factory=dict)  # consumer settings for every pipeline (security, ...)
 
     @classmethod
     def from_env(cls) -> "Settings":
+        raw_options = os.environ.get("LEDGERBATCH_KAFKA_OPTIONS") or "{}"
+        try:
+            kafka_options = json.loads(raw_options)
+        except json.JSONDecodeError:
+            kafka_options = None
+        if not isinstance(kafka_options, dict):
+            raise ConfigError("LEDGERBATCH_KAFKA_OPTIONS must be a JSON object of librdkafka settings")
         return cls(
             db_url=os.environ.get("LEDGERBATCH_DB_URL") or DEFAULT_DB_URL,
             bootstrap_servers=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
             pipelines_dir=Path(os.environ.get("LEDGERBATCH_PIPELINES_DIR") or "pipelines"),
             spark_master=os.environ.get("LEDGERBATCH_SPARK_MASTER") or "local[*]",
+            kafka_options=kafka_options,
         )
+
+    def spec(self, name: str):
+        """Pipeline `name` from the pipelines dir, with the deployment's Kafka settings."""
+        from .spec import load_spec, with_kafka_options
+
+        return with_kafka_options(load_spec(self.pipelines_dir, name), self.kafka_options)
 
     def require_bootstrap(self) -> str:
         if not self.bootstrap_servers:

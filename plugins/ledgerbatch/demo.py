@@ -17,7 +17,6 @@ from .devbroker import DevBroker
 from .migrate import migrate
 from .runner import run_pipeline
 from .sparksession import get_spark
-from .spec import load_spec
 
 DEMO_DB = "ledgerbatch_demo"
 REPORT = {
@@ -39,7 +38,7 @@ def _fresh_database(server_url: str) -> str:
 
 
 def run_demo(settings: Settings, records: int, partitions: int) -> None:
-    spec = load_spec(settings.pipelines_dir, "orders")
+    spec = settings.spec("orders")
     db_url = _fresh_database(settings.db_url)
     print(f"demo database: {safe_url(db_url)} (dropped and created fresh)")
     engine = make_engine(db_url)

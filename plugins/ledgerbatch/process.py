@@ -50,6 +50,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         )
         parsed = raw.mapInArrow(functools.partial(parse_batches, columns=spec.columns, required=spec.key),
                                 staged_struct(spec.columns))
+        parsed = apply_transform(parsed, spec)
         (
             parsed.write.format(stage.FORMAT).mode("append")
             .option("dsn", libpq_dsn(db_url))
@@ -90,6 +91,16 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     log.info("batch %d staged: %d records read, %d rows, %d bad (%.1fs)", batch_id, counts.records_read,
              counts.rows_written, counts.rows_quarantined, time.monotonic() - started)
     return batch
+
+
+def apply_transform(df, spec: PipelineSpec):
+    """The spec's per-column Spark SQL expressions, on good rows only, cast back to the column type."""
+    from pyspark.sql import functions as F
+
+    types = {c.name: c.spark_ddl for c in spec.columns}
+    for column, expression in spec.transform:
+        df = df.withColumn(column, F.when(F.col("_error").isNull(), F.expr(expression)).cast(types[column]))
+    return df
 
 
 def spark_error_reason(exc: Exception) -> str:

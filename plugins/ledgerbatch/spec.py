@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -11,7 +11,7 @@ from .errors import SpecError
 from .identifiers import check_ident, qualified
 from .schema import Column, parse_schema
 
-_TOP_KEYS = {"name", "source", "target", "batch", "errors", "schedule", "description"}
+_TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
 _SECTION_KEYS = {
     "source": {"topics", "format", "schema", "start", "kafka"},
     "target": {"table", "mode", "key"},
@@ -37,6 +37,7 @@ class PipelineSpec:
     max_error_ratio: float = 0.05
     schedule: str | None = None
     kafka_options: tuple[tuple[str, str], ...] = ()
+    transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
 
     @property
     def schema_ddl(self) -> str:
@@ -122,6 +123,12 @@ def parse_spec(doc: object) -> PipelineSpec:
     ratio = errors.get("max_ratio", 0.05)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
         raise SpecError(f"errors.max_ratio must be a number between 0 and 1, got {ratio!r}")
+    transform = _mapping(top.get("transform", {}), "transform", None)
+    for column, expression in transform.items():
+        if column not in column_names:
+            raise SpecError(f"transform: {column!r} is not a column of source.schema")
+        if not isinstance(expression, str) or not expression.strip():
+            raise SpecError(f"transform.{column} must be a Spark SQL expression string")
     schedule = top.get("schedule")
     if schedule is not None and not isinstance(schedule, str):
         raise SpecError("schedule must be a cron expression or an Airflow preset such as '@hourly'")
@@ -140,7 +147,14 @@ def parse_spec(doc: object) -> PipelineSpec:
         max_error_ratio=float(ratio),
         schedule=schedule,
         kafka_options=tuple(sorted((str(k), str(v)) for k, v in kafka_options.items())),
+        transform=tuple(transform.items()),
     )
+
+
+def with_kafka_options(spec: PipelineSpec, options: dict[str, str]) -> PipelineSpec:
+    """The spec with deployment-wide consumer settings (security, ...) under its own."""
+    merged = {**{str(k): str(v) for k, v in options.items()}, **dict(spec.kafka_options)}
+    return replace(spec, kafka_options=tuple(sorted(merged.items())))
 
 
 def _mapping(value: object, what: str, allowed: set[str] | None) -> dict:

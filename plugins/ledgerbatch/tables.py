@@ -27,6 +27,11 @@ def _columns(spec: PipelineSpec) -> list[str]:
     return [c.name for c in spec.columns]
 
 
+def _set_list(spec: PipelineSpec) -> Fragment:
+    updated = _columns(spec) + list(LINEAGE_TYPES)
+    return Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
+
+
 def create_staging_sql(spec: PipelineSpec, staging: str) -> str:
     return query("create_staging", staging=staging, defs=_defs(spec))
 
@@ -69,10 +74,20 @@ def move_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int)
     if spec.mode == "append":
         sql = query("insert_append", **params)
     else:
-        updated = _columns(spec) + list(LINEAGE_TYPES)
-        set_list = Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
-        sql = query("insert_upsert", key=list(spec.key), set_list=set_list, **params)
+        sql = query("insert_upsert", key=list(spec.key), set_list=_set_list(spec), **params)
     return conn.execute(text(sql), {"batch_id": batch_id}).rowcount
+
+
+def replace_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> None:
+    """Replay/backfill: the target rows and quarantined records of the batch's ranges are replaced."""
+    target = dict(schema=spec.target_schema, table=spec.target_table)
+    conn.execute(text(query("delete_quarantine_in_ranges")), {"batch_id": batch_id})
+    if spec.mode == "append":
+        conn.execute(text(query("delete_target_in_ranges", **target)), {"batch_id": batch_id})
+        move_rows(conn, spec, staging, batch_id)
+    else:
+        conn.execute(text(query("replay_upsert", staging=staging, columns=_columns(spec), key=list(spec.key),
+                                set_list=_set_list(spec), **target)), {"batch_id": batch_id})
 
 
 def quarantine_rows(conn: Connection, staging: str, batch_id: int, pipeline: str) -> int:

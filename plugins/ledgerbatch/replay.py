@@ -1,0 +1,157 @@
+"""Backfill and replay: re-read explicit ranges without ever moving the live cursors.
+
+A range that committed batches already delivered is a *replay*: its target rows (and quarantined
+records) are replaced in one transaction. A range entirely before the pipeline's start offset that
+nothing delivered yet is a *backfill*. Anything else (offsets the live pipeline has not reached) is
+refused: delivering it outside the cursors would duplicate it later.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from . import kafka, ledger, tables
+from .errors import ConfigError, LedgerbatchError
+from .ledger import Batch
+from .ranges import OffsetRange
+from .spec import PipelineSpec
+from .sqlfiles import query
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    topic: str
+    partitions: tuple[int, ...] | None  # None: every partition of the topic
+    from_offset: int | None = None
+    until_offset: int | None = None
+    from_time_ms: int | None = None  # resolved to offsets by the broker, where it supports it
+    until_time_ms: int | None = None
+
+    def __post_init__(self):
+        by_offset = self.from_offset is not None or self.until_offset is not None
+        by_time = self.from_time_ms is not None or self.until_time_ms is not None
+        if by_offset == by_time:
+            raise LedgerbatchError("give either from/until offsets or a from/until time window, not both or neither")
+        if by_offset and (self.from_offset is None or self.until_offset is None or not 0 <= self.from_offset < self.until_offset):
+            raise LedgerbatchError(f"offsets must satisfy 0 <= from < until, got [{self.from_offset}, {self.until_offset})")
+        if by_time and (self.from_time_ms is None or self.until_time_ms is None or self.from_time_ms >= self.until_time_ms):
+            raise LedgerbatchError("the time window needs from < until")
+
+
+def classify(overlap: int, span: int, until_offset: int, start_offset: int | None) -> str:
+    """replay, backfill, or an error message (pure)."""
+    if start_offset is None:
+        return "the pipeline has not started on this partition: run it first"
+    if overlap == span:
+        return "replay"
+    if overlap == 0 and until_offset <= start_offset:
+        return "backfill"
+    return (f"the range is neither fully delivered (replay) nor fully before the pipeline's start offset "
+            f"{start_offset} (backfill); {overlap} of its {span} offsets were delivered")
+
+
+def resolve_ranges(spec: PipelineSpec, bootstrap_servers: str, request: ReplayRequest) -> list[OffsetRange]:
+    if request.topic not in spec.topics:
+        raise LedgerbatchError(f"topic {request.topic!r} is not a source of pipeline {spec.name} ({', '.join(spec.topics)})")
+    ends = kafka.watermarks(bootstrap_servers, (request.topic,), dict(spec.kafka_options))
+    partitions = request.partitions if request.partitions is not None else tuple(p for _, p in sorted(ends))
+    unknown = sorted(set(partitions) - {p for _, p in ends})
+    if unknown:
+        raise LedgerbatchError(f"topic {request.topic} has no partition(s) {unknown}")
+    if request.from_offset is not None:
+        bounds = {p: (request.from_offset, request.until_offset) for p in partitions}
+    else:
+        bounds = _offsets_for_times(spec, bootstrap_servers, request, partitions, ends)
+    out = []
+    for p in partitions:
+        low, high = ends[(request.topic, p)].low, ends[(request.topic, p)].high
+        start, until = max(bounds[p][0], 0), min(bounds[p][1], high)
+        if start < low:
+            raise LedgerbatchError(f"{request.topic}[{p}]: offsets before {low} are no longer in Kafka (asked from {start})")
+        if start < until:
+            out.append(OffsetRange(request.topic, p, start, until))
+    if not out:
+        raise LedgerbatchError("the requested window holds no offsets")
+    return out
+
+
+def _offsets_for_times(spec, bootstrap_servers, request, partitions, ends) -> dict[int, tuple[int, int]]:
+    consumer = Consumer(kafka.consumer_config(bootstrap_servers, dict(spec.kafka_options)))
+    try:
+        out = {}
+        for bound in ("from", "until"):
+            ms = request.from_time_ms if bound == "from" else request.until_time_ms
+            found = consumer.offsets_for_times([TopicPartition(request.topic, p, ms) for p in partitions], timeout=15)
+            for tp in found:
+                if tp.error is not None:
+                    raise ConfigError(f"the broker cannot resolve timestamps to offsets: {tp.error.str()}; give offsets instead")
+                # -1: no record at or after the time, so the window ends at the log end.
+                offset = ends[(request.topic, tp.partition)].high if tp.offset == -1 else tp.offset
+                out.setdefault(tp.partition, [0, 0])[0 if bound == "from" else 1] = offset
+        if all(lo == hi == ends[(request.topic, p)].high for p, (lo, hi) in out.items()):
+            raise ConfigError("the broker resolved no offsets for that time window (it may not support timestamp "
+                              "look-ups, as the dev broker does not); give offsets instead")
+        return {p: (lo, hi) for p, (lo, hi) in out.items()}
+    except KafkaException as exc:
+        raise ConfigError(f"offset look-up by time failed: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()
+
+
+def plan_replay(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -> Batch:
+    """Record a replay or backfill batch of `ranges` (all of one kind)."""
+    with engine.begin() as conn:
+        ledger.lock_pipeline(conn, spec.name)
+        kinds = {r: check_range(conn, spec.name, r) for r in ranges}
+        if len(set(kinds.values())) != 1:
+            raise LedgerbatchError("the ranges mix replay and backfill: request them separately "
+                                   + "; ".join(f"{r}: {k}" for r, k in kinds.items()))
+        kind = next(iter(kinds.values()))
+        batch_id = ledger.insert_batch(conn, spec.name, kind, ranges)
+        batch = ledger.get_batch(conn, batch_id)
+    log.info("planned %s batch %d: %s", kind, batch_id, ", ".join(map(str, ranges)))
+    return batch
+
+
+def check_range(conn, pipeline: str, r: OffsetRange) -> str:
+    """The kind of `r` now; raises when it may be neither replayed nor backfilled."""
+    params = {"pipeline": pipeline, "topic": r.topic, "partition": r.partition,
+              "from_offset": r.from_offset, "until_offset": r.until_offset}
+    cursor = conn.execute(text(query("cursor_of")), params).first()
+    overlap = conn.execute(text(query("delivered_overlap")), params).scalar_one()
+    kind = classify(overlap, r.span, r.until_offset, cursor.start_offset if cursor else None)
+    if kind not in ("replay", "backfill"):
+        raise LedgerbatchError(f"{r}: {kind}")
+    return kind
+
+
+@dataclass(frozen=True)
+class Diff:
+    added: int
+    removed: int
+    changed: int
+    unchanged: int
+    quarantined: int
+
+
+def dry_run_diff(engine: Engine, spec: PipelineSpec, batch_id: int) -> Diff:
+    """Compare a staged replay with the target, then abandon it: the target is not touched."""
+    with engine.begin() as conn:
+        batch = ledger.get_batch(conn, batch_id, for_update=True)
+        if batch.status != "staged":
+            raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged")
+        row = conn.execute(text(query("replay_diff", schema=spec.target_schema, table=spec.target_table,
+                                      staging=batch.staging_table, columns=[c.name for c in spec.columns])),
+                           {"batch_id": batch_id}).one()
+        diff = Diff(row.added, row.removed, row.changed, row.unchanged, batch.rows_quarantined)
+        conn.execute(text(query("mark_abandoned")), {"batch_id": batch_id, "reason": f"dry run: {diff}"})
+        for staging in ledger.staging_tables(conn, batch_id):
+            tables.drop_staging(conn, staging)
+    log.info("dry run of batch %d: %s", batch_id, diff)
+    return diff
