@@ -71,7 +71,9 @@ def resolve_ranges(spec: PipelineSpec, bootstrap_servers: str, request: ReplayRe
     out = []
     for p in partitions:
         low, high = ends[(request.topic, p)].low, ends[(request.topic, p)].high
-        start, until = max(bounds[p][0], 0), min(bounds[p][1], high)
+        start, until = bounds[p]
+        if until > high:
+            raise LedgerbatchError(f"{request.topic}[{p}]: until {until} is past the log end {high}")
         if start < low:
             raise LedgerbatchError(f"{request.topic}[{p}]: offsets before {low} are no longer in Kafka (asked from {start})")
         if start < until:
