@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,16 @@ sys.path.insert(0, str(REPO / "plugins"))
 
 TEST_DB = "ledgerbatch_test"
 _names = itertools.count()
+
+# Airflow reads its configuration at import: a throw-away home with this repo's dags/ and plugins/.
+AIRFLOW_HOME = tempfile.mkdtemp(prefix="ledgerbatch-airflow-test-")
+os.environ.update({
+    "AIRFLOW_HOME": AIRFLOW_HOME,
+    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
+})
 
 
 @pytest.fixture(scope="session")

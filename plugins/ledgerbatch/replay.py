@@ -7,6 +7,7 @@ refused: delivering it outside the cursors would duplicate it later.
 """
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass
 
@@ -157,3 +158,30 @@ def dry_run_diff(engine: Engine, spec: PipelineSpec, batch_id: int) -> Diff:
             tables.drop_staging(conn, staging)
     log.info("dry run of batch %d: %s", batch_id, diff)
     return diff
+
+
+def request_from_params(spec: PipelineSpec, params: dict) -> ReplayRequest:
+    """The backfill DAG's Params form as a request (empty topic: the pipeline's only topic)."""
+    topic = params.get("topic") or (spec.topics[0] if len(spec.topics) == 1 else None)
+    if topic is None:
+        raise LedgerbatchError(f"pipeline {spec.name} reads several topics: choose one ({', '.join(spec.topics)})")
+    partitions = params.get("partitions") or None
+    return ReplayRequest(
+        topic=topic,
+        partitions=tuple(int(p) for p in partitions) if partitions else None,
+        from_offset=params.get("from_offset"),
+        until_offset=params.get("until_offset"),
+        from_time_ms=_epoch_ms(params.get("from_time")),
+        until_time_ms=_epoch_ms(params.get("until_time")),
+    )
+
+
+def _epoch_ms(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        ts = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise LedgerbatchError(f"{value!r} is not an ISO-8601 time") from None
+    ts = ts.replace(tzinfo=dt.timezone.utc) if ts.tzinfo is None else ts
+    return int(ts.timestamp() * 1000)
