@@ -78,9 +78,11 @@ def assert_exactly_once(engine, pipeline, bootstrap: str, good: set[tuple[int, i
             assert position == c.next_offset
 
         totals = conn.execute(text(
-            "SELECT count(*) FILTER (WHERE status <> 'committed') AS unfinished, "
-            "coalesce(sum(records_read), 0) AS r, coalesce(sum(rows_written), 0) AS w, coalesce(sum(rows_quarantined), 0) AS q "
-            "FROM ledger.batches WHERE pipeline = :p"), {"p": pipeline.name}).one()
+            "SELECT count(*) FILTER (WHERE status IN ('planned', 'staged', 'failed')) AS unfinished, "
+            "coalesce(sum(records_read) FILTER (WHERE ok), 0) AS r, coalesce(sum(rows_written) FILTER (WHERE ok), 0) AS w, "
+            "coalesce(sum(rows_quarantined) FILTER (WHERE ok), 0) AS q "
+            "FROM (SELECT *, status = 'committed' AND kind IN ('live', 'backfill') AS ok FROM ledger.batches) b "
+            "WHERE pipeline = :p"), {"p": pipeline.name}).one()
         assert totals.unfinished == 0
         assert (totals.r, totals.w, totals.q) == (len(good) + len(bad), len(good), len(bad))
         staging = conn.execute(text(

@@ -81,23 +81,26 @@ def test_dag_test_moves_data_and_ends_green_when_caught_up(airflow_db, connectio
     assert states(idle) == {"plan": "success", "process": "skipped", "commit": "skipped", "verify": "skipped"}
 
 
-def _kill_spark_job_once(pipeline: str, killed: list) -> None:
-    """SIGKILL the spark-submit JVM of `pipeline` and all its children, once, as soon as it reads."""
+def _kill_spark_job_once(engine, pipeline: str, killed: list) -> None:
+    """Once the job's attempt is recorded in the ledger (it is reading), SIGKILL its JVM and every child."""
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not killed:
-        for proc in psutil.process_iter(["cmdline"]):
-            cmd = proc.info["cmdline"] or []
-            if "org.apache.spark.deploy.SparkSubmit" in cmd and pipeline in cmd:
-                time.sleep(4)  # let it start reading
-                family = [proc] + proc.children(recursive=True)
-                for member in family:
-                    try:
-                        member.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                killed.append(len(family))
-                return
-        time.sleep(0.2)
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            attempt = conn.execute(text("SELECT max(attempt) FROM ledger.batches WHERE pipeline = :p"), {"p": pipeline}).scalar()
+        if attempt:
+            break
+        time.sleep(0.1)
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "org.apache.spark.deploy.SparkSubmit" in cmd and pipeline in cmd:
+            family = [proc] + proc.children(recursive=True)
+            for member in family:
+                try:
+                    member.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            killed.append(len(family))
+            return
 
 
 def test_process_task_retried_after_sigkill(airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
@@ -106,14 +109,18 @@ def test_process_task_retried_after_sigkill(airflow_db, connections, engine, bro
     dag = build(p, monkeypatch)[f"ledgerbatch_{p.name}"]
     dag.get_task("process").retry_delay = timedelta(seconds=1)
     killed: list = []
-    killer = threading.Thread(target=_kill_spark_job_once, args=(p.name, killed), daemon=True)
+    killer = threading.Thread(target=_kill_spark_job_once, args=(engine, p.name, killed), daemon=True)
     killer.start()
     run = dag.test()
-    killer.join(timeout=1)
+    killer.join(timeout=60)
     assert killed, "the Spark job was never seen"
-    if str(run.state) != "success":  # dag.test may not wait for retries: a new run resumes the same batch
-        run = dag.test()
+    if states(run)["process"] == "up_for_retry":
+        # dag.test() stops when only a retry delay is left: run the same DAG run again to retry the task.
+        retried = dag.test(logical_date=run.logical_date)
+        assert retried.run_id == run.run_id
+        run = retried
     assert str(run.state) == "success", states(run)
+    assert {ti.task_id: ti.try_number for ti in run.get_task_instances()}["process"] >= 2
     with engine.connect() as conn:
         batches = conn.execute(text("SELECT batch_id, status, attempt FROM ledger.batches WHERE pipeline = :p"), {"p": p.name}).all()
     assert len(batches) == 1 and batches[0].status == "committed" and batches[0].attempt == 2
