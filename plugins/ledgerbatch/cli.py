@@ -44,9 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--brokers", type=_positive, default=3)
     broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
                         help="create a topic (repeatable); auto-created topics get 4 partitions")
-    demo = sub.add_parser("demo", help="end to end on the embedded defaults: dev broker, demo data, run, report")
+    demo = sub.add_parser("demo", help="the platform on the embedded defaults: dev broker, demo data, Airflow")
     demo.add_argument("--records", type=_positive, default=200_000)
     demo.add_argument("--partitions", type=_positive, default=16)
+    demo.add_argument("--port", type=_positive, default=8080, help="Airflow UI port")
+    demo.add_argument("--no-airflow", action="store_true", help="run the pipeline once without Airflow")
     return p
 
 
@@ -145,9 +147,14 @@ def cmd_dev_broker(args, settings: Settings) -> None:
 
 
 def cmd_demo(args, settings: Settings) -> None:
-    from .demo import run_demo
+    if args.no_airflow:
+        from .demo import run_without_airflow
 
-    run_demo(settings, args.records, args.partitions)
+        run_without_airflow(settings, args.records, args.partitions)
+    else:
+        from .airflow.standalone import run_with_airflow
+
+        run_with_airflow(settings, args.records, args.partitions, args.port)
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "status": cmd_status, "verify": cmd_verify, "dev-broker": cmd_dev_broker, "demo": cmd_demo}
