@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 import tempfile
@@ -14,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
 
 TEST_DB = "ledgerbatch_test"
+logging.getLogger("py4j").setLevel(logging.WARNING)  # its clean-up logs after pytest closed the streams
 _names = itertools.count()
 
 # Airflow reads its configuration at import: a throw-away home with this repo's dags/ and plugins/.

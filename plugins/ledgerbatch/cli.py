@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("pipeline", nargs="?")
     verify = sub.add_parser("verify", help="check the exactly-once invariants; exit 1 naming each violation")
     verify.add_argument("pipeline")
+    loss = sub.add_parser("acknowledge-loss", help="record offsets deleted from Kafka before delivery, so the pipeline can go on")
+    loss.add_argument("pipeline")
+    loss.add_argument("--by", required=True, metavar="NAME", help="who acknowledges the loss")
+    loss.add_argument("--reason", help="why (ticket, incident)")
     broker = sub.add_parser("dev-broker", help="run the local Kafka-protocol dev broker in the foreground")
     broker.add_argument("--brokers", type=_positive, default=3)
     broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
@@ -140,6 +144,15 @@ def cmd_verify(args, settings: Settings) -> int:
     return 1 if problems else 0
 
 
+def cmd_acknowledge_loss(args, settings: Settings) -> None:
+    from .loss import acknowledge_loss
+
+    spec = settings.spec(args.pipeline)
+    lost = acknowledge_loss(_engine(settings), spec, settings.require_bootstrap(), args.by, args.reason)
+    for r in lost:
+        print(f"{spec.name}: recorded lost {r} ({r.span} offsets), acknowledged by {args.by}")
+
+
 def cmd_dev_broker(args, settings: Settings) -> None:
     from .devbroker import serve_forever
 
@@ -157,7 +170,8 @@ def cmd_demo(args, settings: Settings) -> None:
         run_with_airflow(settings, args.records, args.partitions, args.port)
 
 
-COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "status": cmd_status, "verify": cmd_verify, "dev-broker": cmd_dev_broker, "demo": cmd_demo}
+COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "status": cmd_status, "verify": cmd_verify,
+            "acknowledge-loss": cmd_acknowledge_loss, "dev-broker": cmd_dev_broker, "demo": cmd_demo}
 
 if __name__ == "__main__":
     sys.exit(main())

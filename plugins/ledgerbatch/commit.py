@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from . import ledger, tables
 from .errors import FencedError, LedgerbatchError
-from .faults import crash_point
+from .faults import crash_point, terminate_point
 from .replay import check_range
 from .reconcile import Counts, check_error_budget, reconcile, reconcile_ranges
 from .spec import PipelineSpec
@@ -84,12 +84,14 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
         if quarantined != recorded.rows_quarantined:
             raise LedgerbatchError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
 
-        # 5. Mark committed and drop every attempt's staging table.
+        # 5. Mark committed and drop the staging table.
         ledger.mark_committed(conn, batch_id)
-        for staging in ledger.staging_tables(conn, batch_id):
-            tables.drop_staging(conn, staging)
+        tables.drop_staging(conn, batch.staging_table)
         crash_point("before_commit")
+        terminate_point(conn, "before_commit")
     crash_point("after_commit")
+    # Earlier attempts' tables may still be locked by a stalled attempt: drop them outside the commit.
+    tables.drop_finished_staging(engine, spec.name)
     seconds = time.monotonic() - started
     log.info("%s batch %d committed: %d rows written, %d quarantined (commit %.2fs)",
              batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, seconds)

@@ -1,7 +1,8 @@
 """Crash points for fault-injection tests: LEDGERBATCH_CRASH_AT=<point> SIGKILLs the whole process group there.
 
-Points: after_plan, after_stage, before_commit (inside the commit transaction), after_commit.
-Unset in normal operation; the tests start the runner in its own process group.
+Points: after_plan, mid_read (in an executor, after the first records of a range), after_stage,
+before_commit (inside the commit transaction), after_commit. The whole group dies: driver, Spark
+JVM and Python workers. Unset in normal operation; the tests start the runner in its own group.
 """
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import os
 import signal
 import sys
 
-POINTS = ("after_plan", "after_stage", "before_commit", "after_commit")
+POINTS = ("after_plan", "mid_read", "after_stage", "before_commit", "after_commit")
+
+
+def terminate_point(conn, name: str) -> None:
+    """LEDGERBATCH_TERMINATE_AT=<point>: the database ends this connection's backend there
+    (pg_terminate_backend), as a failover or an operator would."""
+    if os.environ.get("LEDGERBATCH_TERMINATE_AT") == name:
+        print(f"fault injection: pg_terminate_backend at {name}", file=sys.stderr, flush=True)
+        conn.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")
 
 
 def crash_point(name: str) -> None:

@@ -105,10 +105,5 @@ def mark_committed(conn: Connection, batch_id: int) -> None:
     _run(conn, "mark_committed", {"batch_id": batch_id})
 
 
-def staging_tables(conn: Connection, batch_id: int) -> list[str]:
-    """Every attempt's staging table of a batch (names are b<batch>_a<attempt>)."""
-    return [r.table_name for r in _run(conn, "staging_tables_of_batch", {"prefix": f"b{batch_id}\\_a%"})]
-
-
 def table_columns(conn: Connection, schema: str, table: str) -> list:
     return _run(conn, "table_columns", {"schema": schema, "table": table}).all()

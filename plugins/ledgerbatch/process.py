@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 
 from . import ledger, source, stage, tables
 from .config import libpq_dsn
-from .errors import BatchFailedError, FencedError, ReconcileError
+from .errors import BatchFailedError, DataLossError, FencedError, ReconcileError
 from .kafka import consumer_config
 from .ledger import Batch
 from .parse import parse_batches, staged_struct
@@ -70,12 +70,18 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         with engine.begin() as conn:
             owned = ledger.mark_failed(conn, batch_id, attempt, reason)
         if not owned or "no longer owns the batch" in reason:
+            tables.drop_staging_quietly(engine, [staging])  # a newer attempt owns the batch
             raise FencedError(f"batch {batch_id} attempt {attempt}: {reason}") from None
+        if "Offset out of range" in reason:
+            raise DataLossError(f"batch {batch_id}: its ranges are no longer in Kafka ({reason}); nothing was "
+                                f"committed. After checking, record the loss with `ledgerbatch acknowledge-loss "
+                                f"{spec.name} --by NAME`") from None
         raise BatchFailedError(f"batch {batch_id} attempt {attempt} failed: {reason}") from None
 
     with engine.connect() as conn:
         batch = ledger.get_batch(conn, batch_id)
     if batch.status != "staged" or batch.attempt != attempt:
+        tables.drop_staging_quietly(engine, [staging])
         raise FencedError(f"batch {batch_id}: attempt {attempt} was overtaken by attempt {batch.attempt}")
     counts = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
     try:

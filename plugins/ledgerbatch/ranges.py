@@ -62,7 +62,8 @@ def check_cursors(partitions: dict[TopicPartition, Watermarks], cursors: dict[To
         if pos < wm.low:
             raise DataLossError(
                 f"{tp[0]}[{tp[1]}]: cursor {pos} is before the log start {wm.low}: "
-                f"offsets [{pos}, {wm.low}) were deleted from Kafka before they were delivered"
+                f"offsets [{pos}, {wm.low}) were deleted from Kafka before they were delivered "
+                f"(after checking, record the loss with `ledgerbatch acknowledge-loss PIPELINE --by NAME`)"
             )
         if pos > wm.high:
             raise LedgerbatchError(

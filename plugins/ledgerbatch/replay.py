@@ -154,8 +154,7 @@ def dry_run_diff(engine: Engine, spec: PipelineSpec, batch_id: int) -> Diff:
                            {"batch_id": batch_id}).one()
         diff = Diff(row.added, row.removed, row.changed, row.unchanged, batch.rows_quarantined)
         conn.execute(text(query("mark_abandoned")), {"batch_id": batch_id, "reason": f"dry run: {diff}"})
-        for staging in ledger.staging_tables(conn, batch_id):
-            tables.drop_staging(conn, staging)
+    tables.drop_finished_staging(engine, spec.name)
     log.info("dry run of batch %d: %s", batch_id, diff)
     return diff
 

@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 
 from .commit import commit_batch
+from .errors import LedgerbatchError
 from .faults import crash_point
 from .planner import plan_next
 from .process import process_batch
 from .spec import PipelineSpec
+from .tables import drop_finished_staging
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,7 @@ class RunSummary:
 def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
                  spark_factory: Callable, max_batches: int | None = None) -> RunSummary:
     summary, started, spark = RunSummary(), time.monotonic(), None
+    drop_finished_staging(engine, spec.name)
     while max_batches is None or summary.batches < max_batches:
         batch = plan_next(engine, spec, bootstrap_servers)
         if batch is None:
@@ -39,7 +43,13 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
             spark = spark or spark_factory()
             batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
             crash_point("after_stage")
-        result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
+        try:
+            result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
+        except DBAPIError as exc:
+            # Whether the COMMIT landed is in the ledger: the next run reads it, never re-applies blindly.
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+            raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "
+                                   f"the ledger holds the outcome: run again to resume") from None
         summary.batches += 1
         summary.batch_ids.append(batch.batch_id)
         summary.records_read += batch.records_read

@@ -13,6 +13,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
+from .faults import crash_point
 from .ranges import OffsetRange
 
 FORMAT = "ledgerbatch_kafka"
@@ -95,6 +96,7 @@ def read_range(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) -> It
             elif now - last_progress > stall_timeout_s:
                 raise RangeReadError(f"{rng}: no progress for {stall_timeout_s:.0f}s at offset {position}")
             if offsets:
+                crash_point("mid_read")
                 n = len(offsets)
                 yield pa.RecordBatch.from_arrays(
                     [

@@ -8,6 +8,8 @@ from . import kafka
 from .errors import ConfigError
 from .sqlfiles import query
 
+NEAR_LOG_START = 0.1  # warn when the undelivered offsets sit in the oldest 10% of the retained log
+
 
 def status_report(engine: Engine, pipeline: str, topics: tuple[str, ...], bootstrap_servers: str | None,
                   kafka_options: dict | None = None, recent: int = 5) -> str:
@@ -29,7 +31,11 @@ def status_report(engine: Engine, pipeline: str, topics: tuple[str, ...], bootst
         wm = ends.get((c.topic, c.partition))
         lag = wm.high - c.next_offset if wm else None
         total_lag += lag or 0
-        flag = "  LOST: cursor before log start" if wm and c.next_offset < wm.low else ""
+        flag = ""
+        if wm and c.next_offset < wm.low:
+            flag = "  LOST: cursor before the log start (see `ledgerbatch acknowledge-loss`)"
+        elif wm and lag and c.next_offset - wm.low < NEAR_LOG_START * (wm.high - wm.low):
+            flag = "  WARNING: cursor near the log start: retention may delete undelivered offsets"
         lines.append(f"  {c.topic + f'[{c.partition}]':<24} {wm.low if wm else '?':>10} {c.next_offset:>12} "
                      f"{wm.high if wm else '?':>12} {lag if lag is not None else '?':>10}{flag}")
     if not cursors:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from sqlalchemy import text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
+from . import ledger
 from .errors import SpecError
 from .identifiers import quote_ident
-from .ledger import table_columns
 from .spec import PipelineSpec
 from .sqlfiles import Fragment, query
 
@@ -48,7 +49,7 @@ def ensure_target(conn: Connection, spec: PipelineSpec) -> None:
         sql = query("create_target_upsert", schema=spec.target_schema, table=spec.target_table,
                     defs=_defs(spec), key=list(spec.key))
     conn.execute(text(sql))
-    actual = {r.column_name: r for r in table_columns(conn, spec.target_schema, spec.target_table)}
+    actual = {r.column_name: r for r in ledger.table_columns(conn, spec.target_schema, spec.target_table)}
     expected = {c.name: c.pg_type for c in spec.columns} | LINEAGE_TYPES
     problems = []
     for name, pg_type in expected.items():
@@ -96,3 +97,24 @@ def quarantine_rows(conn: Connection, staging: str, batch_id: int, pipeline: str
 
 def drop_staging(conn: Connection, staging: str) -> None:
     conn.execute(text(query("drop_staging", staging=staging)))
+
+
+def drop_finished_staging(engine: Engine, pipeline: str) -> list[str]:
+    """Best effort: staging tables of the pipeline's finished batches (a crash can leave them)."""
+    with engine.connect() as conn:
+        names = [r.table_name for r in conn.execute(text(query("finished_staging_tables")), {"pipeline": pipeline})]
+    return drop_staging_quietly(engine, names)
+
+
+def drop_staging_quietly(engine: Engine, names: list[str], lock_timeout_ms: int = 2000) -> list[str]:
+    """Drop each table in its own short transaction; one still locked by a stalled attempt is left
+    for a later call. Returns the tables that remain."""
+    remaining = []
+    for name in names:
+        try:
+            with engine.begin() as conn:
+                conn.execute(text(query("set_lock_timeout")), {"ms": f"{lock_timeout_ms}ms"})
+                drop_staging(conn, name)
+        except OperationalError:
+            remaining.append(name)
+    return remaining

@@ -86,10 +86,6 @@ UPDATE ledger.batch_ranges SET committed = true WHERE batch_id = :batch_id;
 UPDATE ledger.batches SET status = 'committed', committed_at = now(), updated_at = now()
 WHERE batch_id = :batch_id;
 
--- name: staging_tables_of_batch
-SELECT table_name FROM information_schema.tables
-WHERE table_schema = 'ledger_staging' AND table_name LIKE :prefix;
-
 -- name: recent_batches
 SELECT batch_id, kind, status, attempt, records_read, rows_written, rows_quarantined,
        created_at, committed_at, error
@@ -106,3 +102,11 @@ SELECT DISTINCT pipeline FROM ledger.batches ORDER BY pipeline;
 SELECT column_name, data_type, numeric_precision, numeric_scale
 FROM information_schema.columns
 WHERE table_schema = :schema AND table_name = :table ORDER BY ordinal_position;
+
+-- name: insert_lost_range
+INSERT INTO ledger.lost_ranges (pipeline, topic, partition, from_offset, until_offset, acknowledged_by, reason)
+VALUES (:pipeline, :topic, :partition, :from_offset, :until_offset, :acknowledged_by, :reason);
+
+-- name: skip_lost_cursor
+UPDATE ledger.cursors SET next_offset = :until_offset, updated_at = now()
+WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND next_offset = :from_offset;

@@ -64,3 +64,12 @@ INSERT INTO ledger.quarantine (batch_id, pipeline, topic, partition, "offset", k
 SELECT :batch_id, :pipeline, _topic, _partition, _offset, _key, _value, _error
 FROM ledger_staging.{staging}
 WHERE _error IS NOT NULL;
+
+-- name: set_lock_timeout
+SELECT set_config('lock_timeout', :ms, true);
+
+-- name: finished_staging_tables
+-- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up).
+SELECT t.table_name FROM information_schema.tables t
+JOIN ledger.batches b ON t.table_name LIKE 'b' || b.batch_id || '\_a%'
+WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned');

@@ -2,11 +2,16 @@
 
 -- name: verify_tiling
 -- Committed live ranges tile each partition from its start offset to its cursor, no gap or overlap.
-WITH r AS (
-    SELECT r.topic, r.partition, r.from_offset, r.until_offset,
-           lag(r.until_offset) OVER (PARTITION BY r.topic, r.partition ORDER BY r.from_offset) AS previous_until
-    FROM ledger.batch_ranges r
-    WHERE r.pipeline = :pipeline AND r.kind = 'live' AND r.committed
+-- Acknowledged lost ranges are tiles too.
+WITH tiles AS (
+    SELECT topic, partition, from_offset, until_offset FROM ledger.batch_ranges
+    WHERE pipeline = :pipeline AND kind = 'live' AND committed
+    UNION ALL
+    SELECT topic, partition, from_offset, until_offset FROM ledger.lost_ranges WHERE pipeline = :pipeline
+), r AS (
+    SELECT t.topic, t.partition, t.from_offset, t.until_offset,
+           lag(t.until_offset) OVER (PARTITION BY t.topic, t.partition ORDER BY t.from_offset) AS previous_until
+    FROM tiles t
 )
 SELECT format('%s[%s]: range [%s, %s) starts at %s but the previous one ends at %s',
               r.topic, r.partition, r.from_offset, r.until_offset, r.from_offset, coalesce(r.previous_until, c.start_offset)) AS problem
@@ -16,8 +21,7 @@ UNION ALL
 SELECT format('%s[%s]: cursor at %s but committed ranges end at %s',
               c.topic, c.partition, c.next_offset, coalesce(max(r.until_offset), c.start_offset))
 FROM ledger.cursors c
-LEFT JOIN ledger.batch_ranges r
-       ON r.pipeline = c.pipeline AND r.topic = c.topic AND r.partition = c.partition AND r.kind = 'live' AND r.committed
+LEFT JOIN tiles r ON r.topic = c.topic AND r.partition = c.partition
 WHERE c.pipeline = :pipeline
 GROUP BY c.topic, c.partition, c.next_offset, c.start_offset
 HAVING c.next_offset <> coalesce(max(r.until_offset), c.start_offset);

@@ -103,5 +103,9 @@ def cli(args: list[str], db_url: str, bootstrap: str | None, pipelines_dir: Path
         full_env["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
     else:
         full_env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
-    return subprocess.run([sys.executable, "-m", "ledgerbatch.cli", *args], env=full_env, capture_output=True,
-                          text=True, timeout=timeout, start_new_session=True, cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerbatch.cli", *args], env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO)
+    out, err = proc.communicate(timeout=timeout)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    done.pgid = proc.pid  # its own process group: Spark's JVM and Python workers are in it too
+    return done

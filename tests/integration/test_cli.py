@@ -9,31 +9,6 @@ from .helpers import assert_exactly_once, cli, order_value, produce
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("point", ["after_stage", "before_commit"])
-def test_sigkill_then_resume(point, engine, db_url, broker, make_pipeline):
-    p = make_pipeline(partitions=3, batch__max_records=400)
-    records = [(i % 3, order_value(i) if i % 97 else b"bad") for i in range(1000)]
-    acked = produce(broker.bootstrap_servers, p.topic, records)
-
-    crashed = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir, LEDGERBATCH_CRASH_AT=point)
-    assert crashed.returncode == -9, crashed.stderr[-2000:]
-    assert f"SIGKILL at {point}" in crashed.stderr
-    with engine.connect() as conn:
-        batch = conn.execute(text("SELECT batch_id, status FROM ledger.batches WHERE pipeline = :p"), {"p": p.name}).one()
-        assert batch.status == "staged"  # the commit never happened (or was rolled back with the process)
-        moved = conn.execute(text("SELECT count(*) FROM ledger.cursors WHERE pipeline = :p AND last_batch_id IS NOT NULL"),
-                             {"p": p.name}).scalar_one()
-        assert moved == 0
-
-    resumed = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resuming batch {batch.batch_id} (staged" in resumed.stderr
-    assert "3 batches committed, 1000 records read" in resumed.stdout
-    good = {(a[0], a[1]) for a in acked if a[2] != b"bad"}
-    bad = {(a[0], a[1]) for a in acked if a[2] == b"bad"}
-    assert_exactly_once(engine, p, broker.bootstrap_servers, good, bad)
-
-
 def test_cli_errors_are_one_line(tmp_path, db_url, broker, make_pipeline):
     p = make_pipeline(partitions=1)
     missing = cli(["run", "nope"], db_url, broker.bootstrap_servers, p.dir)

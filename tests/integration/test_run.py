@@ -147,7 +147,7 @@ def test_out_of_range_start_fails_with_ledger_unchanged(engine, db_url, broker, 
     low, _ = end_offsets(broker.bootstrap_servers, p.topic, 1)[0]
     assert low > 10, "the dev broker did not drop the oldest offsets"
 
-    with pytest.raises(BatchFailedError, match="[Oo]ffset out of range|not available"):
+    with pytest.raises(DataLossError, match="no longer in Kafka.*Offset out of range.*acknowledge-loss"):
         process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers)
     with engine.connect() as conn:
         b = ledger.get_batch(conn, batch.batch_id)

@@ -99,6 +99,7 @@ def run_with_airflow(settings: Settings, records: int, partitions: int, port: in
     metadata_url = fresh_database(settings.db_url, "ledgerbatch_airflow")
     env = airflow_env(setup, home, metadata_url, port)
     log_path = home / "standalone.log"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below on SIGTERM too
     print(f"starting Airflow (standalone, home {home}, log {log_path}) ...", flush=True)
     standalone = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env,
                                   stdout=log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True)

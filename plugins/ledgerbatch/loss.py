@@ -1,0 +1,51 @@
+"""Acknowledging data loss: offsets deleted from Kafka (retention) before the pipeline delivered them.
+
+Nothing is ever skipped silently: the pipeline stops with a DataLossError until an operator runs
+`ledgerbatch acknowledge-loss`, which records each lost range (who, when, how many offsets, why) in
+`ledger.lost_ranges`, abandons the unfinished batch that can no longer be read, and moves the
+affected cursors to the log start.
+"""
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from . import kafka, ledger
+from .errors import LedgerbatchError
+from .ranges import OffsetRange
+from .spec import PipelineSpec
+from .sqlfiles import query
+
+log = logging.getLogger(__name__)
+
+
+def lost_ranges(spec: PipelineSpec, cursors: dict, ends: dict) -> list[OffsetRange]:
+    """[cursor, log start) of every partition whose cursor fell out of the log (pure)."""
+    return [OffsetRange(t, p, pos, ends[(t, p)].low) for (t, p), pos in sorted(cursors.items())
+            if (t, p) in ends and pos < ends[(t, p)].low]
+
+
+def acknowledge_loss(engine: Engine, spec: PipelineSpec, bootstrap_servers: str, by: str, reason: str | None) -> list[OffsetRange]:
+    if not by or not by.strip():
+        raise LedgerbatchError("say who acknowledges the loss (--by NAME)")
+    ends = kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
+    with engine.begin() as conn:
+        ledger.lock_pipeline(conn, spec.name)
+        lost = lost_ranges(spec, ledger.cursors(conn, spec.name), ends)
+        if not lost:
+            raise LedgerbatchError(f"{spec.name}: nothing is lost, every cursor is inside the log")
+        open_id = ledger.open_live_batch_id(conn, spec.name)
+        if open_id is not None:
+            conn.execute(text(query("mark_abandoned")), {
+                "batch_id": open_id, "reason": f"abandoned: offsets lost from Kafka, acknowledged by {by}"})
+            log.warning("abandoned unfinished batch %d: its ranges are no longer fully in Kafka", open_id)
+        for r in lost:
+            params = {"pipeline": spec.name, "topic": r.topic, "partition": r.partition,
+                      "from_offset": r.from_offset, "until_offset": r.until_offset}
+            conn.execute(text(query("insert_lost_range")), {**params, "acknowledged_by": by, "reason": reason})
+            if conn.execute(text(query("skip_lost_cursor")), params).rowcount != 1:
+                raise LedgerbatchError(f"{r}: the cursor moved meanwhile; run again")
+            log.warning("%s: %d offsets lost, acknowledged by %s", r, r.span, by)
+    return lost
