@@ -21,7 +21,16 @@ def terminate_point(conn, name: str) -> None:
         conn.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")
 
 
+def arm() -> None:
+    """Called by the runner before Spark starts: executors (in PySpark's own process groups) learn
+    which group to kill through the environment they inherit."""
+    if os.environ.get("LEDGERBATCH_CRASH_AT"):
+        os.environ.setdefault("LEDGERBATCH_CRASH_PGID", str(os.getpgid(0)))
+
+
 def crash_point(name: str) -> None:
     if os.environ.get("LEDGERBATCH_CRASH_AT") == name:
         print(f"fault injection: SIGKILL at {name}", file=sys.stderr, flush=True)
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        runner = int(os.environ.get("LEDGERBATCH_CRASH_PGID") or os.getpgid(0))
+        os.killpg(runner, signal.SIGKILL)
+        os.killpg(os.getpgid(0), signal.SIGKILL)  # an executor's own group: PySpark's daemon and workers

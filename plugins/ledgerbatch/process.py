@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from . import ledger, source, stage, tables
 from .config import libpq_dsn
 from .errors import BatchFailedError, DataLossError, FencedError, ReconcileError
+from .identifiers import quote_ident
 from .kafka import consumer_config
 from .ledger import Batch
 from .parse import parse_batches, staged_struct
@@ -55,7 +56,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             parsed.write.format(stage.FORMAT).mode("append")
             .option("dsn", libpq_dsn(db_url))
             .option("db_url", db_url)
-            .option("table", f'ledger_staging."{staging}"')
+            .option("table", f"ledger_staging.{quote_ident(staging)}")
             .option("staging_table", staging)
             .option("delete_sql", tables.delete_partition_sql(staging))
             .option("mark_staged_sql", query("mark_staged"))

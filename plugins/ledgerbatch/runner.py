@@ -11,6 +11,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .commit import commit_batch
 from .errors import LedgerbatchError
+from . import faults
 from .faults import crash_point
 from .planner import plan_next
 from .process import process_batch
@@ -33,6 +34,7 @@ class RunSummary:
 def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
                  spark_factory: Callable, max_batches: int | None = None) -> RunSummary:
     summary, started, spark = RunSummary(), time.monotonic(), None
+    faults.arm()
     drop_finished_staging(engine, spec.name)
     while max_batches is None or summary.batches < max_batches:
         batch = plan_next(engine, spec, bootstrap_servers)

@@ -46,7 +46,8 @@ def test_sigkill_at_each_crash_point_then_resume(point, engine, db_url, broker, 
 
     crashed = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir, LEDGERBATCH_CRASH_AT=point)
     assert crashed.returncode == -9, crashed.stderr[-2000:]
-    assert f"SIGKILL at {point}" in crashed.stderr
+    if point != "mid_read":  # an executor's message dies with the JVM that would forward it
+        assert f"SIGKILL at {point}" in crashed.stderr
     batch = first_batch(engine, p)
     assert (batch.status, batch.attempt) == EXPECTED_AFTER_CRASH[point]
     with engine.connect() as conn:

@@ -199,3 +199,50 @@ def test_upsert_keeps_the_latest_value(engine, db_url, broker, spark, make_pipel
         reason = conn.execute(text("SELECT error FROM ledger.quarantine WHERE pipeline = :p"), {"p": p.name}).scalar_one()
     assert {k: str(v) for k, v in rows.items()} == {"o-0": "9.00", "o-1": "7.00", "o-2": "8.00"}
     assert "part of the target key" in reason
+
+
+def test_target_table_that_disagrees_with_the_spec_is_refused(engine, db_url, broker, spark, make_pipeline):
+    from ledgerbatch.errors import SpecError
+
+    p = make_pipeline(partitions=1)
+    produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(5)])
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE TABLE public."{p.table}" (order_id integer, customer text)'))
+    with pytest.raises(SpecError, match="disagrees with the spec: order_id is integer, the spec says text; amount is missing"):
+        run(engine, db_url, broker, spark, p)
+    with engine.connect() as conn:
+        assert ledger.get_batch(conn, conn.execute(text(
+            "SELECT batch_id FROM ledger.batches WHERE pipeline = :p"), {"p": p.name}).scalar_one()).status == "staged"
+        assert ledger.cursors(conn, p.name) == {(p.topic, 0): 0}
+        assert conn.execute(text(f'SELECT count(*) FROM public."{p.table}"')).scalar_one() == 0
+
+
+def test_brokers_down_mid_read(engine, db_url, broker, spark, make_pipeline):
+    import threading
+
+    p = make_pipeline(partitions=2)
+    acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(200)])
+    batch = plan_next(engine, p.spec, broker.bootstrap_servers)
+    brokers = range(1, broker.brokers + 1)
+
+    # Down for longer than the stall timeout: the batch fails loudly, nothing is committed.
+    for b in brokers:
+        broker.broker_down(b)
+    try:
+        with pytest.raises(BatchFailedError, match="no progress for 3s"):
+            process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers, stall_timeout_s=3)
+    finally:
+        for b in brokers:
+            broker.broker_up(b)
+    with engine.connect() as conn:
+        assert ledger.get_batch(conn, batch.batch_id).status == "failed"
+        assert ledger.cursors(conn, p.name) == {(p.topic, 0): 0, (p.topic, 1): 0}
+
+    # Down for a moment while the attempt reads: the consumer reconnects and the batch completes.
+    for b in brokers:
+        broker.broker_down(b)
+    threading.Timer(4, lambda: [broker.broker_up(b) for b in brokers]).start()
+    staged = process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers, stall_timeout_s=60)
+    assert staged.status == "staged" and staged.records_read == 200
+    commit_batch(engine, p.spec, batch.batch_id)
+    assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
