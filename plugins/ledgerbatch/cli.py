@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from .config import Settings, safe_url
 from .errors import ConfigError, LedgerbatchError, SpecError
@@ -76,6 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ledgerbatch: interrupted; run again to resume", file=sys.stderr)
         return 130
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        print(f"ledgerbatch: database error: {reason}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # one line for users; LEDGERBATCH_DEBUG=1 shows the traceback
+        if os.environ.get("LEDGERBATCH_DEBUG"):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"ledgerbatch: unexpected {type(exc).__name__}: {first} (LEDGERBATCH_DEBUG=1 shows details)", file=sys.stderr)
+        return 1
 
 
 def _engine(settings: Settings, require_ledger: bool = True):
@@ -122,14 +135,13 @@ def cmd_status(args, settings: Settings) -> None:
     if args.pipeline:
         specs = [settings.spec(args.pipeline)]
     else:
-        specs = list_specs(settings.pipelines_dir)
+        specs = [with_kafka_options(s, settings.kafka_options) for s in list_specs(settings.pipelines_dir)]
         with engine.connect() as conn:
             known = [r.pipeline for r in conn.execute(text(query("known_pipelines")))]
         missing = sorted(set(known) - {s.name for s in specs})
         if missing:
             print(f"(pipelines in the ledger without a spec in {settings.pipelines_dir}: {', '.join(missing)})")
     for spec in specs:
-        spec = with_kafka_options(spec, settings.kafka_options)
         print(status_report(engine, spec.name, spec.topics, settings.bootstrap_servers, dict(spec.kafka_options)))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from . import ledger, tables
-from .errors import FencedError, LedgerbatchError
+from .errors import FencedError, LedgerbatchError, ReconcileError
 from .faults import crash_point, terminate_point
 from .replay import check_range
 from .reconcile import Counts, check_error_budget, reconcile, reconcile_ranges
@@ -32,6 +32,17 @@ class CommitResult:
 
 
 def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None = None) -> CommitResult:
+    try:
+        return _commit(engine, spec, batch_id, attempt)
+    except ReconcileError as exc:
+        # The staged result cannot be committed: fail this attempt so the next run re-reads the ranges.
+        with engine.begin() as conn:
+            batch = ledger.get_batch(conn, batch_id)
+            ledger.mark_failed(conn, batch_id, batch.attempt if attempt is None else attempt, str(exc))
+        raise
+
+
+def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None) -> CommitResult:
     started = time.monotonic()
     with engine.begin() as conn:
         # 1. Lock the batch; every other committer of it waits here.
@@ -65,7 +76,7 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
         # 3. Reconcile what the ledger recorded with what the staging table holds.
         staged = tables.staged_counts(conn, batch.staging_table)
         if any(row.rows != row.distinct_offsets for row in staged):
-            raise LedgerbatchError(f"batch {batch_id}: staging table {batch.staging_table} holds duplicate offsets")
+            raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds duplicate offsets")
         recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
         bad = sum(row.bad for row in staged)
         total = sum(row.rows for row in staged)
@@ -82,7 +93,7 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
             tables.replace_rows(conn, spec, batch.staging_table, batch_id)
         quarantined = tables.quarantine_rows(conn, batch.staging_table, batch_id, spec.name)
         if quarantined != recorded.rows_quarantined:
-            raise LedgerbatchError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
+            raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
 
         # 5. Mark committed and drop the staging table.
         ledger.mark_committed(conn, batch_id)

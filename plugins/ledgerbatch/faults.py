@@ -24,7 +24,10 @@ def terminate_point(conn, name: str) -> None:
 def arm() -> None:
     """Called by the runner before Spark starts: executors (in PySpark's own process groups) learn
     which group to kill through the environment they inherit."""
-    if os.environ.get("LEDGERBATCH_CRASH_AT"):
+    point = os.environ.get("LEDGERBATCH_CRASH_AT")
+    if point and point not in POINTS:
+        raise ValueError(f"LEDGERBATCH_CRASH_AT={point} is not a crash point ({', '.join(POINTS)})")
+    if point:
         os.environ.setdefault("LEDGERBATCH_CRASH_PGID", str(os.getpgid(0)))
 
 

@@ -6,7 +6,6 @@ import re
 from .errors import SpecError
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-RESERVED_PREFIX = "_"  # lineage columns (_topic, _offset, ...) and staging-only columns start with it
 
 
 def check_ident(name: str, what: str) -> str:

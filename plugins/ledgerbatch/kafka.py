@@ -7,20 +7,19 @@ from .errors import ConfigError
 from .ranges import TopicPartition as TP, Watermarks
 
 METADATA_TIMEOUT_S = 15.0
+SAFETY = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "isolation.level": "read_committed",
+    "auto.offset.reset": "error",  # a range that left the log fails loudly instead of skipping
+}
 
 
 def consumer_config(bootstrap_servers: str, options: dict[str, str] | None = None) -> dict:
     """Settings of every ledgerbatch consumer: explicit offsets only, never a committed group offset."""
-    conf = {
-        "bootstrap.servers": bootstrap_servers,
-        "group.id": "ledgerbatch",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",
-        "auto.offset.reset": "error",
-        "log_level": 3,
-    }
+    conf = {"bootstrap.servers": bootstrap_servers, "group.id": "ledgerbatch", "log_level": 3}
     conf.update(options or {})
+    conf.update(SAFETY)  # never overridable: they are what makes the ranges exact
     return conf
 
 

@@ -21,7 +21,7 @@ from .sqlfiles import query
 log = logging.getLogger(__name__)
 
 
-def lost_ranges(spec: PipelineSpec, cursors: dict, ends: dict) -> list[OffsetRange]:
+def lost_ranges(cursors: dict, ends: dict) -> list[OffsetRange]:
     """[cursor, log start) of every partition whose cursor fell out of the log (pure)."""
     return [OffsetRange(t, p, pos, ends[(t, p)].low) for (t, p), pos in sorted(cursors.items())
             if (t, p) in ends and pos < ends[(t, p)].low]
@@ -33,7 +33,7 @@ def acknowledge_loss(engine: Engine, spec: PipelineSpec, bootstrap_servers: str,
     ends = kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
     with engine.begin() as conn:
         ledger.lock_pipeline(conn, spec.name)
-        lost = lost_ranges(spec, ledger.cursors(conn, spec.name), ends)
+        lost = lost_ranges(ledger.cursors(conn, spec.name), ends)
         if not lost:
             raise LedgerbatchError(f"{spec.name}: nothing is lost, every cursor is inside the log")
         open_id = ledger.open_live_batch_id(conn, spec.name)

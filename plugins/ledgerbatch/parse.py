@@ -63,6 +63,8 @@ def _decode(raw: bytes | None) -> dict:
         raise BadValue("value is not valid JSON: nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise BadValue(f"value is not valid JSON: {exc.msg} at char {exc.pos}") from None
+    except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
+        raise BadValue(f"value is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise BadValue(f"value is JSON {type(obj).__name__ if obj is not None else 'null'}, not an object")
     return obj
@@ -72,6 +74,10 @@ def _to_string(v):
     if isinstance(v, str):
         if "\x00" in v:
             raise BadValue("contains a NUL character, which PostgreSQL text cannot store")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadValue("contains an unpaired UTF-16 surrogate escape, which is not text") from None
         return v
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -179,6 +185,8 @@ def parse_value(raw: bytes | None, columns: tuple[Column, ...], converters: list
             out.append(convert(v))
         except BadValue as exc:
             raise BadValue(f"field {col.name}: {exc}") from None
+        except (ValueError, OverflowError, ArithmeticError) as exc:  # out of range for the type
+            raise BadValue(f"field {col.name}: {_show(v)} does not convert to {col.spark_ddl} ({exc})") from None
     return tuple(out)
 
 

@@ -33,6 +33,11 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
                   stall_timeout_s: float = 60.0) -> Batch:
     """Stage batch `batch_id` under a new attempt; returns the staged batch. Raises if it cannot."""
     started = time.monotonic()
+    with engine.connect() as conn:
+        batch = ledger.get_batch(conn, batch_id)
+    if batch.status == "staged":  # e.g. a task retried after staging: commit what is there, never re-read
+        log.info("batch %d is already staged by attempt %d: nothing to process", batch_id, batch.attempt)
+        return batch
     with engine.begin() as conn:
         attempt = ledger.begin_attempt(conn, batch_id)
         batch = ledger.get_batch(conn, batch_id)
@@ -58,6 +63,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             .option("db_url", db_url)
             .option("table", f"ledger_staging.{quote_ident(staging)}")
             .option("staging_table", staging)
+            .option("lock_sql", query("staging_task_lock"))
             .option("delete_sql", tables.delete_partition_sql(staging))
             .option("mark_staged_sql", query("mark_staged"))
             .option("set_range_count_sql", query("set_range_count"))

@@ -44,12 +44,9 @@ class Watermarks:
 
 def start_offsets(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int], start: str) -> dict[TopicPartition, int]:
     """Cursor of every partition: the ledger's where it has one, else the log start or end per `start`."""
-    out = {}
+    out = dict(cursors)  # including partitions Kafka no longer has: check_cursors refuses those
     for tp, wm in partitions.items():
-        if tp in cursors:
-            out[tp] = cursors[tp]
-        else:
-            out[tp] = wm.low if start == "earliest" else wm.high
+        out.setdefault(tp, wm.low if start == "earliest" else wm.high)
     return out
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from .commit import commit_batch
 from .errors import LedgerbatchError
@@ -48,6 +48,8 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
         try:
             result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
         except DBAPIError as exc:
+            if not (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))):
+                raise
             # Whether the COMMIT landed is in the ledger: the next run reads it, never re-applies blindly.
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
             raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "

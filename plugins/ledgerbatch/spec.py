@@ -39,10 +39,6 @@ class PipelineSpec:
     kafka_options: tuple[tuple[str, str], ...] = ()
     transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
 
-    @property
-    def schema_ddl(self) -> str:
-        return ", ".join(f"{c.name} {c.spark_ddl}" for c in self.columns)
-
 
 def load_spec(pipelines_dir: Path, name: str) -> PipelineSpec:
     path = Path(pipelines_dir) / f"{name}.yaml"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from .identifiers import quote_table
 from .spec import PipelineSpec
 from .sqlfiles import query
 
@@ -14,7 +15,7 @@ def verify(engine: Engine, spec: PipelineSpec) -> list[str]:
     names = ["verify_tiling", "verify_batches", "verify_staging"]
     with engine.connect() as conn:
         target_exists = conn.execute(text("SELECT to_regclass(:t) IS NOT NULL"),
-                                     {"t": f'"{spec.target_schema}"."{spec.target_table}"'}).scalar_one()
+                                     {"t": quote_table(spec.target_schema, spec.target_table)}).scalar_one()
         problems = [row.problem for name in names for row in conn.execute(text(query(name)), params)]
         if target_exists:
             target = dict(schema=spec.target_schema, table=spec.target_table)

@@ -1,7 +1,7 @@
 """Soak: a seeded random schedule of faults over many batches, ending with `verify` and an exact
 comparison of what was produced with what was delivered and quarantined.
 
-Short in CI (LEDGERBATCH_SOAK_ROUNDS default 6); by hand, e.g.:
+Short in CI (one round per fault kind); long by hand, e.g.:
     LEDGERBATCH_SOAK_ROUNDS=40 LEDGERBATCH_SOAK_SEED=7 scripts/test.sh tests/soak -s
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ FAULTS = ("none", "after_plan", "mid_read", "after_stage", "before_commit", "aft
 
 
 def test_soak(engine, db_url, broker, make_pipeline):
-    rounds = int(os.environ.get("LEDGERBATCH_SOAK_ROUNDS", "6"))
+    rounds = int(os.environ.get("LEDGERBATCH_SOAK_ROUNDS", str(len(FAULTS))))
     seed = int(os.environ.get("LEDGERBATCH_SOAK_SEED", "1"))
     rng = random.Random(seed)
     p = make_pipeline(partitions=4, batch__max_records=500)

@@ -51,7 +51,11 @@ def test_naive_timestamps_are_utc():
     (b'{"s": {"a": 1}}', "expected a string, got a JSON object"),
     (b'{"s": "nul\\u0000"}', "NUL character"),
     (b"[" * 100_000, "nested too deeply"),
+    (b'{"i": ' + b"1" * 5000 + b"}", "not valid JSON"),
+    (b'{"f": 1' + b"0" * 400 + b"}", "field f: .* does not convert to DOUBLE"),
+    (b'{"s": "\\ud800"}', "unpaired UTF-16 surrogate"),
+    (b'{"ts": "0001-01-01T00:00:00+05:00"}', "field ts: .* does not convert to TIMESTAMP"),
 ])
 def test_bad_values_say_why(raw, reason):
-    with pytest.raises(BadValue, match=reason.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(BadValue, match=reason if ".*" in reason else reason.replace("(", r"\(").replace(")", r"\)")):
         parse(raw)

@@ -44,6 +44,13 @@ def test_start_offsets_earliest_latest_and_existing_cursors():
     assert start_offsets(ends, {("t", 0): 8}, "latest") == {("t", 0): 8, ("t", 1): 7}
 
 
+def test_a_cursor_of_a_vanished_partition_is_refused():
+    ends = {("t", 0): Watermarks(0, 10)}
+    starts = start_offsets(ends, {("t", 0): 3, ("t", 1): 5}, "earliest")
+    with pytest.raises(LedgerbatchError, match=r"t\[1\] has a cursor in the ledger but no longer exists"):
+        plan_ranges(ends, starts, 100)
+
+
 def test_offset_range_rejects_backwards_ranges_and_round_trips():
     with pytest.raises(ValueError):
         OffsetRange("t", 0, 5, 4)

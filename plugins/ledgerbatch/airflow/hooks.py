@@ -26,7 +26,8 @@ class LedgerHook(BaseHook):
     def get_url(self) -> str:
         conn = self.get_connection(self.ledger_conn_id)
         url = URL.create("postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
-                         host=conn.host or None, port=conn.port or None, database=conn.schema or None)
+                         host=conn.host or None, port=conn.port or None, database=conn.schema or None,
+                         query={k: str(v) for k, v in conn.extra_dejson.items()})  # sslmode, ...
         return url.render_as_string(hide_password=False)
 
     def get_engine(self) -> Engine:
