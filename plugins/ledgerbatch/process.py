@@ -16,7 +16,6 @@ from sqlalchemy.engine import Engine
 from . import ledger, source, stage, tables
 from .config import libpq_dsn
 from .errors import BatchFailedError, DataLossError, FencedError, ReconcileError
-from .identifiers import quote_ident
 from .kafka import consumer_config
 from .ledger import Batch
 from .parse import parse_batches, staged_struct
@@ -61,10 +60,10 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             parsed.write.format(stage.FORMAT).mode("append")
             .option("dsn", libpq_dsn(db_url))
             .option("db_url", db_url)
-            .option("table", f"ledger_staging.{quote_ident(staging)}")
             .option("staging_table", staging)
             .option("lock_sql", query("staging_task_lock"))
-            .option("delete_sql", tables.delete_partition_sql(staging))
+            .option("delete_sql", query("staging_delete_partition", staging=staging))
+            .option("copy_sql", query("staging_copy", staging=staging))
             .option("mark_staged_sql", query("mark_staged"))
             .option("set_range_count_sql", query("set_range_count"))
             .option("batch_id", str(batch_id))

@@ -23,8 +23,8 @@ class RangeCounts(WriterCommitMessage):
 
 
 class StagingSink(DataSource):
-    """Options: `dsn` (tasks) and `db_url` (commit) of the ledger database, `table` (quoted staging table),
-    `lock_sql`, `delete_sql`, `mark_staged_sql`, `set_range_count_sql`, `batch_id`, `attempt`, `staging_table`, `ranges`."""
+    """Options: `dsn` (tasks) and `db_url` (commit) of the ledger database, `staging_table`,
+    `lock_sql`, `delete_sql`, `copy_sql`, `mark_staged_sql`, `set_range_count_sql`, `batch_id`, `attempt`, `ranges`."""
 
     @classmethod
     def name(cls) -> str:
@@ -85,9 +85,9 @@ class StagingWriter(DataSourceArrowWriter):
             with conn, conn.cursor() as cur:
                 # A retried task replaces what an earlier try of it left behind, in the same transaction;
                 # the lock keeps two concurrent tries of one task (speculation, a zombie) in turn.
-                cur.execute(self.options["lock_sql"], (f"{self.options['table']}|{tp[0]}|{tp[1]}",))
+                cur.execute(self.options["lock_sql"], (f"{self.options['staging_table']}|{tp[0]}|{tp[1]}",))
                 cur.execute(self.options["delete_sql"], tp)
-                cur.copy_expert(f"COPY {self.options['table']} FROM STDIN WITH (FORMAT csv)", _CsvStream(chunks()), size=1 << 20)
+                cur.copy_expert(self.options["copy_sql"], _CsvStream(chunks()), size=1 << 20)
         finally:
             conn.close()
         return RangeCounts({f"{tp[0]}\t{tp[1]}": counts})

@@ -37,10 +37,6 @@ def create_staging_sql(spec: PipelineSpec, staging: str) -> str:
     return query("create_staging", staging=staging, defs=_defs(spec))
 
 
-def delete_partition_sql(staging: str) -> str:
-    return query("staging_delete_partition", staging=staging)
-
-
 def ensure_target(conn: Connection, spec: PipelineSpec) -> None:
     """Create the target on first use; refuse one whose columns disagree with the spec."""
     if spec.mode == "append":

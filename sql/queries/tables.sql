@@ -16,6 +16,10 @@ CREATE UNLOGGED TABLE ledger_staging.{staging} (
 -- Executors (psycopg2): drop what an earlier try of the same task left behind.
 DELETE FROM ledger_staging.{staging} WHERE _topic = %s AND _partition = %s;
 
+-- name: staging_copy
+-- Executors (psycopg2): each task streams its range as CSV, columns in the staged schema's order.
+COPY ledger_staging.{staging} FROM STDIN WITH (FORMAT csv);
+
 -- name: staging_task_lock
 -- Executors (psycopg2): one writer per staging table and partition at a time.
 SELECT pg_advisory_xact_lock(hashtext(%s));
