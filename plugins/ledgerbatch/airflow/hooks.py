@@ -6,10 +6,9 @@
 from __future__ import annotations
 
 from airflow.sdk import BaseHook
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import URL
 
 from ..config import Settings
-from ..db import make_engine
 from ..errors import ConfigError
 
 
@@ -29,9 +28,6 @@ class LedgerHook(BaseHook):
                          host=conn.host or None, port=conn.port or None, database=conn.schema or None,
                          query={k: str(v) for k, v in conn.extra_dejson.items()})  # sslmode, ...
         return url.render_as_string(hide_password=False)
-
-    def get_engine(self) -> Engine:
-        return make_engine(self.get_url())
 
 
 class KafkaConfigHook(BaseHook):
