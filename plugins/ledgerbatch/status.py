@@ -41,7 +41,7 @@ def status_report(engine: Engine, pipeline: str, topics: tuple[str, ...], bootst
     if not cursors:
         lines.append("  (no cursors yet: the pipeline has not run)")
     lines.append(f"  total lag: {total_lag if ends else '?'}{note}")
-    lines.append(f"  recent batches:")
+    lines.append("  recent batches:")
     for b in batches:
         error = f"  error: {b.error}" if b.error else ""
         lines.append(f"    #{b.batch_id} {b.kind} {b.status} attempt={b.attempt} read={b.records_read} "

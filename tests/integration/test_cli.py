@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import text
 
 from .helpers import assert_exactly_once, cli, order_value, produce
 

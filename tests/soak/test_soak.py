@@ -10,7 +10,6 @@ import collections
 import os
 import random
 import signal
-import subprocess
 import time
 
 import pytest
