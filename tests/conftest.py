@@ -14,7 +14,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
 
-TEST_DB = "ledgerbatch_test"
+TEST_DB = os.environ.get("LEDGERBATCH_TEST_DB", "ledgerbatch_test")  # separate test sessions need separate names
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its clean-up logs after pytest closed the streams
 _names = itertools.count()
 

@@ -165,3 +165,24 @@ def test_backfill_dag_replays_a_committed_range(airflow_db, connections, engine,
     assert changed == {(1, o) for o in range(5, 10)}
     assert all(after[k] == "vip-" + before[k] for k in changed)
     assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
+
+
+def test_cli_and_airflow_on_one_pipeline_commit_each_batch_once(airflow_db, connections, engine, db_url, broker,
+                                                                 make_pipeline, monkeypatch):
+    from .test_faults import _popen_run
+
+    p = make_pipeline(partitions=2, batch__max_records=200)
+    acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(600)])
+    dag = build(p, monkeypatch)[f"ledgerbatch_{p.name}"]
+    runner = _popen_run(p, db_url, broker)
+    run = dag.test()  # races the CLI for the same batches; the ledger decides
+    _, err = runner.communicate(timeout=600)
+    assert runner.returncode in (0, 1), err[-2000:]
+    if runner.returncode:
+        assert "FencedError" in err or "not staged" in err, err[-2000:]
+    assert states(run)["plan"] == "success"  # the racing run may lose attempts to the CLI: that is the point
+    finish = dag.test()
+    while str(finish.state) == "success" and states(finish)["process"] != "skipped":
+        finish = dag.test()  # one batch per DAG run: go on until caught up
+    assert str(finish.state) == "success", states(finish)
+    assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
