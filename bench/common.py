@@ -1,0 +1,174 @@
+"""Shared pieces of the benchmark: databases, the dev broker child, data, the memory sampler, timing."""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from confluent_kafka import Consumer, TopicPartition
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO / "plugins"))
+DB_PREFIX = "lb_bench_"
+SERVER_URL = os.environ.get("LEDGERBATCH_DB_URL") or "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+# Same columns as a ledgerbatch append target of the orders schema.
+TARGET_COLUMNS = "order_id text, customer text, amount numeric(12,2), ts timestamp, _topic text, _partition integer, _offset bigint"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of every child: the venv first on PATH (spark-submit finds SPARK_HOME through it)."""
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYSPARK_PYTHON": sys.executable, **extra}
+
+
+def fresh_database(name: str) -> str:
+    """Drop and create database `name` (always prefixed lb_bench_) on the server; returns its URL."""
+    assert name.startswith(DB_PREFIX), name
+    admin = create_engine(make_url(SERVER_URL).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return make_url(SERVER_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def libpq(url: str) -> str:
+    """psycopg2 wants a libpq URL, not SQLAlchemy's driver-qualified one."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def scalar(url: str, sql: str, **params):
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(sql), params).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def count_rows(url: str, table: str) -> int:
+    return scalar(url, f"SELECT count(*) FROM {table}")
+
+
+class DevBrokerProcess:
+    """`ledgerbatch dev-broker` as a child process, so its threads never compete with the harness's GIL."""
+
+    def __init__(self, topics: dict[str, int]):
+        args = [str(BIN / "ledgerbatch"), "dev-broker"] + [a for t, p in topics.items() for a in ("--topic", f"{t}:{p}")]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=child_env())
+        self.bootstrap = self.proc.stdout.readline().strip()
+        if not self.bootstrap:
+            self.close()
+            raise RuntimeError("the dev broker did not print its bootstrap address")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-meta", "log_level": 3})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in range(partitions)}
+    finally:
+        c.close()
+
+
+def check_retained(bootstrap: str, topic: str, partitions: int, expected: int) -> None:
+    """Every produced record must still be in the log from offset 0, or the contenders compare nothing."""
+    marks = watermarks(bootstrap, topic, partitions)
+    low = {p: lo for p, (lo, _) in marks.items() if lo != 0}
+    retained = sum(hi - lo for lo, hi in marks.values())
+    if low or retained != expected:
+        raise SystemExit(f"{topic}: {retained} of {expected} records retained (log starts {low or 'all 0'}); "
+                         f"the dev broker keeps ~5 MiB per partition: use more partitions or fewer records")
+
+
+@dataclass
+class Peaks:
+    total: int = 0
+    roles: dict[str, int] = field(default_factory=dict)
+
+    def mib(self) -> dict:
+        return {"total": round(self.total / 2**20, 1), **{k: round(v / 2**20, 1) for k, v in self.roles.items()}}
+
+
+def role(proc: psutil.Process) -> str:
+    """jvm, executor (Spark's Python daemon and workers) or python (the driver or any other Python)."""
+    try:
+        if proc.name() == "java":
+            return "jvm"
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return "gone"
+    return "executor" if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline else "python"
+
+
+class TreeSampler:
+    """Peak of the summed RSS of process trees, sampled every 100 ms, split by role."""
+
+    def __init__(self, pids: list[int], interval: float = 0.1):
+        self.roots = [psutil.Process(p) for p in pids]
+        self.peaks = Peaks()
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "TreeSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            by_role: dict[str, int] = {}
+            for root in self.roots:
+                try:
+                    procs = [root, *root.children(recursive=True)]
+                except psutil.Error:
+                    continue
+                for proc in procs:
+                    try:
+                        rss = proc.memory_info().rss
+                    except psutil.Error:
+                        continue
+                    by_role[role(proc)] = by_role.get(role(proc), 0) + rss
+            by_role.pop("gone", None)
+            self.peaks.total = max(self.peaks.total, sum(by_role.values()))
+            for name, rss in by_role.items():
+                self.peaks.roles[name] = max(self.peaks.roles.get(name, 0), rss)
+            self._stop.wait(self._interval)
+
+
+def run_measured(args: list[str], env: dict, timeout: float = 3600) -> tuple[float, Peaks, str, str]:
+    """Run a child to completion; returns (wall seconds, memory peaks, stdout, stderr). Fails on a non-zero exit."""
+    started = time.monotonic()
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    with TreeSampler([proc.pid]) as sampler:
+        out, err = proc.communicate(timeout=timeout)
+    wall = time.monotonic() - started
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(args[:3])} ... exited {proc.returncode}:\n{err[-3000:]}")
+    return wall, sampler.peaks, out, err
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median wall time (its own memory and counts), plus every run's wall."""
+    ordered = sorted(runs, key=lambda r: r["wall_s"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["walls_s"] = [round(r["wall_s"], 3) for r in runs]
+    chosen["wall_s"] = statistics.median(r["wall_s"] for r in runs)
+    return chosen

@@ -1,0 +1,68 @@
+"""ledgerbatch as its users run it: `ledgerbatch migrate`, then `ledgerbatch run PIPELINE` as a child process."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from .common import BIN, REPO, child_env, count_rows, fresh_database, run_measured, scalar
+
+# One line per phase on logger ledgerbatch.events: "phase {json}" (the CLI prefixes time and level).
+_PHASE = re.compile(r"\bphase (\{.*\})\s*$")
+
+
+def write_spec(directory: Path, name: str, topic: str, max_records: int) -> str:
+    """A copy of pipelines/orders.yaml with its own name, topic, target table and batch size."""
+    doc = yaml.safe_load((REPO / "pipelines" / "orders.yaml").read_text())
+    doc["name"] = name
+    doc["source"]["topics"] = [topic]
+    doc["target"]["table"] = f"public.{name}"
+    doc["batch"]["max_records"] = max_records
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return f"public.{name}"
+
+
+def phases(stderr: str) -> list[dict]:
+    out = []
+    for line in stderr.splitlines():
+        m = _PHASE.search(line)
+        if m:
+            try:
+                event = json.loads(m.group(1))
+            except json.JSONDecodeError:
+                continue
+            if event.get("event") == "phase":
+                out.append(event)
+    return out
+
+
+def env_for(url: str, bootstrap: str, pipelines_dir: Path) -> dict:
+    return child_env(LEDGERBATCH_DB_URL=url, KAFKA_BOOTSTRAP_SERVERS=bootstrap, LEDGERBATCH_PIPELINES_DIR=str(pipelines_dir))
+
+
+def migrate(env: dict) -> None:
+    run_measured([str(BIN / "ledgerbatch"), "migrate"], env)
+
+
+def run(bootstrap: str, topic: str, db_name: str, workdir: Path, max_records: int, max_batches: int | None = None) -> dict:
+    """One `ledgerbatch run` into a fresh database; wall, memory by role, rows and the phase split."""
+    name = "bench_orders"
+    url = fresh_database(db_name)
+    table = write_spec(workdir / db_name, name, topic, max_records)
+    env = env_for(url, bootstrap, workdir / db_name)
+    migrate(env)
+    args = [str(BIN / "ledgerbatch"), "run", name] + (["--max-batches", str(max_batches)] if max_batches else [])
+    wall, peaks, _, err = run_measured(args, env)
+    events = phases(err)
+    by_phase = {p: sum(e["seconds"] for e in events if e.get("phase") == p) for p in ("plan", "process", "commit")}
+    commits = [e for e in events if e.get("phase") == "commit"]
+    return {
+        "wall_s": wall, "rows": count_rows(url, table), "memory_mib": peaks.mib(),
+        "batches": scalar(url, "SELECT count(*) FROM ledger.batches WHERE status = 'committed'"),
+        # No phase lines (an older ledgerbatch): no split, never a made-up one.
+        "phase_s": by_phase if events else None,
+        "commit_share": by_phase["commit"] / wall if commits else None,
+    }
