@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pipeline")
     run.add_argument("--max-batches", type=_positive, metavar="N", help="stop after N committed batches")
     run.add_argument("--master", help="Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
-    status = sub.add_parser("status", help="cursors, end offsets, lag and recent batches")
-    status.add_argument("pipeline", nargs="?")
+    status = sub.add_parser("status", help="per partition: cursor, end offset, lag, retention headroom, last batch")
+    status.add_argument("pipeline", nargs="?", help="one pipeline (default: every spec in the pipelines dir)")
+    status.add_argument("--json", action="store_true", help="print a JSON list of pipelines, for scripts")
     verify = sub.add_parser("verify", help="check the exactly-once invariants; exit 1 naming each violation")
     verify.add_argument("pipeline")
     loss = sub.add_parser("acknowledge-loss", help="record offsets deleted from Kafka before delivery, so the pipeline can go on")
@@ -125,11 +126,13 @@ def cmd_run(args, settings: Settings) -> None:
 
 
 def cmd_status(args, settings: Settings) -> None:
+    import json
+
     from sqlalchemy import text
 
     from .spec import list_specs, with_kafka_options
     from .sqlfiles import query
-    from .status import status_report
+    from .status import pipeline_status, render
 
     engine = _engine(settings)
     if args.pipeline:
@@ -139,10 +142,12 @@ def cmd_status(args, settings: Settings) -> None:
         with engine.connect() as conn:
             known = [r.pipeline for r in conn.execute(text(query("known_pipelines")))]
         missing = sorted(set(known) - {s.name for s in specs})
-        if missing:
-            print(f"(pipelines in the ledger without a spec in {settings.pipelines_dir}: {', '.join(missing)})")
-    for spec in specs:
-        print(status_report(engine, spec.name, spec.topics, settings.bootstrap_servers, dict(spec.kafka_options)))
+        if missing:  # stderr: stdout stays valid JSON with --json
+            print(f"(pipelines in the ledger without a spec in {settings.pipelines_dir}: {', '.join(missing)})",
+                  file=sys.stderr)
+    statuses = [pipeline_status(engine, spec.name, spec.topics, settings.bootstrap_servers, dict(spec.kafka_options))
+                for spec in specs]
+    print(json.dumps(statuses, indent=2) if args.json else "\n\n".join(render(s) for s in statuses))
 
 
 def cmd_verify(args, settings: Settings) -> int:

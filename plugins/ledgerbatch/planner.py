@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy.engine import Engine
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
 
 from . import kafka, ledger
 from .ledger import Batch
 from .ranges import Watermarks, TopicPartition, plan_ranges, start_offsets
 from .spec import PipelineSpec
+from .sqlfiles import query
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
 def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Watermarks]) -> Batch | None:
     with engine.begin() as conn:
         ledger.lock_pipeline(conn, spec.name)
+        record_end_offsets(conn, spec.name, ends)
         open_id = ledger.open_live_batch_id(conn, spec.name)
         if open_id is not None:  # another planner got here first
             return ledger.get_batch(conn, open_id)
@@ -46,3 +49,13 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         batch = ledger.get_batch(conn, batch_id)
     log.info("planned batch %d: %d offsets in %d ranges", batch_id, batch.span, len(ranges))
     return batch
+
+
+def record_end_offsets(conn: Connection, pipeline: str, ends: dict[TopicPartition, Watermarks]) -> None:
+    """Keep what Kafka said at this plan: `ledger.partition_lag` and `status` read lag from it without Kafka."""
+    if not ends:
+        return
+    conn.execute(text(query("record_end_offset")), [
+        {"pipeline": pipeline, "topic": topic, "partition": partition, "log_start": wm.low, "end_offset": wm.high}
+        for (topic, partition), wm in sorted(ends.items())
+    ])

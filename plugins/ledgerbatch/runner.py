@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from .commit import commit_batch
 from .errors import LedgerbatchError
 from . import faults
+from .events import phase_event
 from .faults import crash_point
 from .planner import plan_next
 from .process import process_batch
@@ -37,15 +38,20 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
     faults.arm()
     drop_finished_staging(engine, spec.name)
     while max_batches is None or summary.batches < max_batches:
+        phase_started = time.monotonic()
         batch = plan_next(engine, spec, bootstrap_servers)
         if batch is None:
             break
+        phase_event("plan", batch, time.monotonic() - phase_started)
         crash_point("after_plan")
         if batch.status != "staged":
+            phase_started = time.monotonic()  # the first batch's process phase includes starting Spark
             spark = spark or spark_factory()
             batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
+            phase_event("process", batch, time.monotonic() - phase_started)
             crash_point("after_stage")
         try:
+            phase_started = time.monotonic()
             result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
         except DBAPIError as exc:
             if not (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))):
@@ -54,6 +60,8 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
             raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "
                                    f"the ledger holds the outcome: run again to resume") from None
+        phase_event("commit", batch, time.monotonic() - phase_started, result.rows_written, result.rows_quarantined,
+                    committed_now=not result.already_committed)
         summary.batches += 1
         summary.batch_ids.append(batch.batch_id)
         summary.records_read += batch.records_read

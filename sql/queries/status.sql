@@ -1,0 +1,32 @@
+-- Named queries of `ledgerbatch status` and of the planner's end-offset observations.
+
+-- name: record_end_offset
+INSERT INTO ledger.end_offsets (pipeline, topic, partition, log_start, end_offset, observed_at)
+VALUES (:pipeline, :topic, :partition, :log_start, :end_offset, now())
+ON CONFLICT (pipeline, topic, partition) DO UPDATE
+SET log_start = excluded.log_start, end_offset = excluded.end_offset, observed_at = excluded.observed_at;
+
+-- name: status_partitions
+-- Each cursor with the end offsets observed at the last plan and the age of its last batch's commit.
+SELECT c.topic, c.partition, c.next_offset, c.last_batch_id, e.log_start, e.end_offset, e.observed_at,
+       extract(epoch FROM now() - b.committed_at)::float AS last_batch_age_s
+FROM ledger.cursors c
+LEFT JOIN ledger.end_offsets e USING (pipeline, topic, partition)
+LEFT JOIN ledger.batches b ON b.batch_id = c.last_batch_id
+WHERE c.pipeline = :pipeline
+ORDER BY c.topic, c.partition;
+
+-- name: status_batches
+-- The most recent batches, newest first, with their ages and phase durations in seconds.
+SELECT batch_id, kind, status, attempt, records_read, rows_written, rows_quarantined, error,
+       extract(epoch FROM now() - updated_at)::float AS age_s,
+       extract(epoch FROM staged_at - created_at)::float AS planned_to_staged_s,
+       extract(epoch FROM committed_at - staged_at)::float AS staged_to_committed_s
+FROM ledger.batches WHERE pipeline = :pipeline ORDER BY batch_id DESC LIMIT :limit;
+
+-- name: status_last_error
+-- The newest batch that failed, or a live batch abandoned with a reason (replay dry runs keep their diff there).
+SELECT batch_id, kind, status, error, extract(epoch FROM now() - updated_at)::float AS age_s
+FROM ledger.batches
+WHERE pipeline = :pipeline AND error IS NOT NULL AND (status = 'failed' OR (status = 'abandoned' AND kind = 'live'))
+ORDER BY batch_id DESC LIMIT 1;
