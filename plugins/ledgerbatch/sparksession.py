@@ -2,18 +2,25 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def _package_zip() -> str:
-    """Executors on a cluster need the package: ship it as a zip (read-only, no sql/ needed there)."""
-    out = Path(tempfile.mkdtemp(prefix="ledgerbatch-pyfiles-")) / "ledgerbatch"
-    return shutil.make_archive(str(out), "zip", root_dir=PACKAGE_DIR.parent, base_dir=PACKAGE_DIR.name)
+def package_zip(directory: str | Path | None = None) -> str:
+    """The package as a zip for executors (`--py-files`, or addPyFile below): its .py files only.
+
+    Executors import it from the zip ahead of anything installed there, so they always run the
+    driver's version. Their Python still needs confluent-kafka, pyarrow and psycopg2 installed.
+    """
+    out = Path(directory or tempfile.mkdtemp(prefix="ledgerbatch-pyfiles-")) / "ledgerbatch.zip"
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(PACKAGE_DIR.rglob("*.py")):
+            zf.write(path, path.relative_to(PACKAGE_DIR.parent).as_posix())
+    return str(out)
 
 
 def get_spark(master: str | None = None, app_name: str = "ledgerbatch"):
@@ -39,7 +46,7 @@ def get_spark(master: str | None = None, app_name: str = "ledgerbatch"):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("LEDGERBATCH_SPARK_LOG_LEVEL", "WARN"))
     if not spark.conf.get("spark.master", "").startswith("local"):
-        spark.sparkContext.addPyFile(_package_zip())
+        spark.sparkContext.addPyFile(package_zip())
     spark.dataSource.register(KafkaRangeSource)
     spark.dataSource.register(StagingSink)
     return spark

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.observability.stats import Stats
 
 from ..config import REPO_ROOT
+from ..events import phase_event
 from .hooks import settings_from_connections
 
 SPARK_JOB = REPO_ROOT / "spark_jobs" / "process_batch.py"
@@ -35,6 +38,14 @@ class _LedgerbatchMixin:
         settings = self._settings()
         return settings, make_engine(settings.db_url), settings.spec(self.pipeline)
 
+    def _phase_event(self, phase: str, engine, batch_id: int, started: float, **counts) -> None:
+        """The phase's event line and metrics, through Airflow's Stats (the deployment's [metrics] settings)."""
+        from .. import ledger
+
+        with engine.connect() as conn:
+            batch = ledger.get_batch(conn, batch_id)
+        phase_event(phase, batch, time.monotonic() - started, stats=Stats, **counts)
+
 
 class PlanBatchOperator(_LedgerbatchMixin, ShortCircuitOperator):
     """Resume the unfinished live batch or plan the next one; returns its id. Nothing new: downstream is skipped."""
@@ -50,10 +61,12 @@ class PlanBatchOperator(_LedgerbatchMixin, ShortCircuitOperator):
         from ..planner import plan_next
 
         settings, engine, spec = self._engine_and_spec()
+        started = time.monotonic()
         batch = plan_next(engine, spec, settings.bootstrap_servers)
         if batch is None:
             self.log.info("%s is caught up: no batch to run", self.pipeline)
             return None
+        phase_event("plan", batch, time.monotonic() - started, stats=Stats)
         self.log.info("batch %d (%s): %d offsets in %d ranges", batch.batch_id, batch.status, batch.span, len(batch.ranges))
         return batch.batch_id
 
@@ -74,8 +87,10 @@ class PlanReplayOperator(_LedgerbatchMixin, BaseOperator):
 
         settings, engine, spec = self._engine_and_spec()
         params = json.loads(self.request) if isinstance(self.request, str) else self.request
+        started = time.monotonic()
         ranges = resolve_ranges(spec, settings.bootstrap_servers, request_from_params(spec, params))
         batch = plan_replay(engine, spec, ranges)
+        phase_event("plan", batch, time.monotonic() - started, stats=Stats)
         self.log.info("%s batch %d: %s", batch.kind, batch.batch_id, ", ".join(map(str, batch.ranges)))
         return batch.batch_id
 
@@ -90,10 +105,11 @@ class ProcessBatchOperator(_LedgerbatchMixin, SparkSubmitOperator):
                          application_args=["--pipeline", pipeline, "--batch-id", batch_id], **kwargs)
         self._init_settings(pipeline, pipelines_dir, ledger_conn_id, kafka_conn_id)
 
-    def execute(self, context) -> None:
-        settings = self._settings()
+    def job_env(self, settings) -> dict[str, str]:
+        """The spark-submit job's environment: the same settings the CLI reads, from the connections
+        (Kafka security settings travel in LEDGERBATCH_KAFKA_OPTIONS to the driver and its readers)."""
         bindir = str(Path(sys.executable).parent)
-        self.env_vars = {
+        return {
             **(self.env_vars or {}),
             "LEDGERBATCH_DB_URL": settings.db_url,
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
@@ -103,7 +119,16 @@ class ProcessBatchOperator(_LedgerbatchMixin, SparkSubmitOperator):
             # pip's spark-submit finds SPARK_HOME through the python first on PATH
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         }
+
+    def execute(self, context) -> None:
+        from ..db import make_engine
+
+        settings = self._settings()
+        self.env_vars = self.job_env(settings)
+        started = time.monotonic()
         super().execute(context)
+        batch_id = int(self.application_args[-1])  # the rendered template of --batch-id
+        self._phase_event("process", make_engine(settings.db_url), batch_id, started)
 
 
 class CommitBatchOperator(_LedgerbatchMixin, BaseOperator):
@@ -128,7 +153,10 @@ class CommitBatchOperator(_LedgerbatchMixin, BaseOperator):
             diff = dry_run_diff(engine, spec, int(self.batch_id))
             self.log.info("dry run of batch %s, target unchanged: %s", self.batch_id, diff)
             return {"dry_run": True, **diff.__dict__}
+        started = time.monotonic()
         result = commit_batch(engine, spec, int(self.batch_id))
+        self._phase_event("commit", engine, int(self.batch_id), started, rows_written=result.rows_written,
+                          rows_quarantined=result.rows_quarantined, committed_now=not result.already_committed)
         self.log.info("batch %s %s: %d rows written, %d quarantined", self.batch_id,
                       "was already committed" if result.already_committed else "committed",
                       result.rows_written, result.rows_quarantined)

@@ -1,0 +1,53 @@
+"""Cluster deployment without a cluster: the executors' zip, and Kafka security settings passed from the
+Airflow connection to the spark-submit job, the planner and the readers."""
+import json
+import subprocess
+import sys
+import zipfile
+
+from ledgerbatch.sparksession import PACKAGE_DIR, package_zip
+
+SECURITY = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "etl",
+            "sasl.password": "s3cret", "ssl.ca.location": "/etc/kafka/ca.pem"}
+
+
+def test_package_zip_holds_the_modules_and_imports_without_the_install(tmp_path):
+    path = package_zip(tmp_path)
+    names = zipfile.ZipFile(path).namelist()
+    assert "ledgerbatch/source.py" in names and "ledgerbatch/airflow/operators.py" in names
+    assert all(n.endswith(".py") for n in names)
+    assert len(names) == len(list(PACKAGE_DIR.rglob("*.py")))
+    # -I -S: no site-packages and no editable install, only the zip (as on an executor without the package)
+    code = f"import sys; sys.path.insert(0, {path!r}); import ledgerbatch.ranges as r; print(r.__file__)"
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"{path}/ledgerbatch/ranges.py"
+
+
+def test_kafka_security_from_the_connection_reaches_planner_and_readers(tmp_path, monkeypatch):
+    from ledgerbatch.airflow.hooks import settings_from_connections
+    from ledgerbatch.airflow.operators import ProcessBatchOperator
+    from ledgerbatch.config import Settings
+    from ledgerbatch.kafka import consumer_config
+
+    (tmp_path / "orders.yaml").write_text(
+        "name: orders\nsource: {topics: [orders], schema: 'a STRING', kafka: {client.id: orders-etl}}\n"
+        "target: {table: public.orders}\n")
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGERBATCH_KAFKA", json.dumps(
+        {"conn_type": "generic", "extra": {"bootstrap.servers": "kafka-1:9093", **SECURITY}}))
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGERBATCH_DB", json.dumps(
+        {"conn_type": "postgres", "host": "db", "login": "etl", "password": "pw", "schema": "ledger",
+         "extra": {"sslmode": "require"}}))
+    settings = settings_from_connections("ledgerbatch_db", "ledgerbatch_kafka", str(tmp_path))
+    op = ProcessBatchOperator(task_id="process", pipeline="orders", batch_id="42", pipelines_dir=str(tmp_path))
+    env = op.job_env(settings)
+    assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1:9093"
+    assert env["LEDGERBATCH_DB_URL"] == "postgresql+psycopg2://etl:pw@db/ledger?sslmode=require"
+
+    # The spark-submit job reads the same environment as the CLI: the spec gets the security settings,
+    # and the planner's and the readers' consumers are built from the spec with consumer_config.
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    spec = Settings.from_env().spec("orders")
+    conf = consumer_config(env["KAFKA_BOOTSTRAP_SERVERS"], dict(spec.kafka_options))
+    assert {k: conf[k] for k in SECURITY} == SECURITY
+    assert conf["client.id"] == "orders-etl" and conf["isolation.level"] == "read_committed"
