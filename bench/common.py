@@ -103,19 +103,31 @@ class Peaks:
         return {"total": round(self.total / 2**20, 1), **{k: round(v / 2**20, 1) for k, v in self.roles.items()}}
 
 
-def role(proc: psutil.Process) -> str:
-    """jvm, executor (Spark's Python daemon and workers) or python (the driver or any other Python)."""
-    try:
-        if proc.name() == "java":
-            return "jvm"
-        cmdline = " ".join(proc.cmdline())
-    except psutil.Error:
-        return "gone"
-    return "executor" if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline else "python"
+def roles(procs: list[psutil.Process]) -> dict[int, str]:
+    """jvm (java), executor (any Python the JVM started: Spark's workers) or python (the driver, anything else)."""
+    by_pid = {p.pid: p for p in procs}
+    out: dict[int, str] = {}
+
+    def role(p: psutil.Process) -> str:
+        if p.pid not in out:
+            try:
+                name, parent = p.name(), by_pid.get(p.ppid())
+            except psutil.Error:
+                name, parent = "", None
+            up = role(parent) if parent else "python"
+            out[p.pid] = "jvm" if name == "java" else "executor" if up in ("jvm", "executor") else "python"
+        return out[p.pid]
+
+    for p in procs:
+        role(p)
+    return out
 
 
 class TreeSampler:
-    """Peak of the summed RSS of process trees, sampled every 100 ms, split by role."""
+    """Peak of the summed PSS of process trees, sampled every 100 ms, split by role.
+
+    PSS, not RSS: Spark's Python workers are forked from one daemon and share most pages, so a sum
+    of their RSS would count those pages once per worker."""
 
     def __init__(self, pids: list[int], interval: float = 0.1):
         self.roots = [psutil.Process(p) for p in pids]
@@ -135,21 +147,22 @@ class TreeSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             by_role: dict[str, int] = {}
+            procs = []
             for root in self.roots:
                 try:
-                    procs = [root, *root.children(recursive=True)]
+                    procs += [root, *root.children(recursive=True)]
                 except psutil.Error:
                     continue
-                for proc in procs:
-                    try:
-                        rss = proc.memory_info().rss
-                    except psutil.Error:
-                        continue
-                    by_role[role(proc)] = by_role.get(role(proc), 0) + rss
-            by_role.pop("gone", None)
+            names = roles(procs)
+            for proc in procs:
+                name = names[proc.pid]
+                try:
+                    by_role[name] = by_role.get(name, 0) + proc.memory_full_info().pss
+                except psutil.Error:
+                    continue
             self.peaks.total = max(self.peaks.total, sum(by_role.values()))
-            for name, rss in by_role.items():
-                self.peaks.roles[name] = max(self.peaks.roles.get(name, 0), rss)
+            for name, size in by_role.items():
+                self.peaks.roles[name] = max(self.peaks.roles.get(name, 0), size)
             self._stop.wait(self._interval)
 
 

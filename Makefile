@@ -1,0 +1,15 @@
+# Benchmarks (issue #5); figures and method in docs/benchmarks.md.
+PYTHON ?= .venv/bin/python
+
+.PHONY: bench bench-smoke setup
+
+setup:
+	bash -c 'source scripts/setup.sh'
+
+# Full: 1M records in 32 partitions, medians of 3 runs; rewrites docs/benchmarks.md and docs/benchmarks.png.
+bench: setup
+	$(PYTHON) -m bench.run --records 1000000 --partitions 32 --runs 3 --historic 1000,100000,1000000
+
+# Reduced (what CI runs through tests/bench): leaves docs/ alone.
+bench-smoke: setup
+	$(PYTHON) -m bench.run --records 20000 --partitions 4 --runs 1 --historic 100,1000 --latency-repeats 1 --docs bench/results/smoke

@@ -1,0 +1,60 @@
+"""The benchmark's figure: throughput, peak memory by role, small-batch latency, and scaling with the ledger."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .report import CONTENDERS  # noqa: E402
+
+ROLES = [("python", "driver / Python"), ("jvm", "JVM"), ("executor", "Spark Python workers")]
+
+
+def plot(r: dict, path: Path) -> None:
+    c, records = r["contenders"], r["config"]["records"]
+    labels = [label.split(":")[0].replace("ledgerbatch, ", "lb ") for _, label in CONTENDERS]
+    fig, ((thr, mem), (lat, scale)) = plt.subplots(2, 2, figsize=(12, 8))
+    fig.suptitle(f"ledgerbatch benchmark: {records:,} records, {r['config']['partitions']} partitions, "
+                 f"median of {r['config']['runs']} (on {r['started'][:10]})")
+
+    rates = [records / c[k]["wall_s"] for k, _ in CONTENDERS]
+    thr.bar(labels, rates, color=["grey", "tab:orange", "tab:blue", "tab:cyan"])
+    thr.set_title("throughput (records/s, higher is better)")
+    for i, v in enumerate(rates):
+        thr.annotate(f"{v:,.0f}", (i, v), ha="center", va="bottom")
+
+    bottom = [0.0] * len(CONTENDERS)
+    for role, name in ROLES:
+        values = [c[k]["memory_mib"].get(role, 0) for k, _ in CONTENDERS]
+        mem.bar(labels, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    mem.set_title("peak memory (summed PSS, MiB)")
+    mem.legend()
+
+    lr = r["latency"]
+    names = ["cold", "warm"]
+    values = [lr[n]["median_s"] or 0 for n in names]
+    lat.bar(names, values, color=["tab:red", "tab:green"])
+    lat.axhline(12, color="tab:red", ls="--", lw=1, label="cold target 12 s")
+    lat.axhline(3, color="tab:green", ls="--", lw=1, label="warm target 3 s")
+    for i, n in enumerate(names):
+        lat.annotate("n/a" if lr[n]["median_s"] is None else f"{values[i]:.2f} s", (i, values[i]), ha="center", va="bottom")
+    lat.set_title("100 records, produced -> committed (s)")
+    lat.legend()
+
+    ns = [s["historic_batches"] for s in r["scaling"]]
+    scale.plot(ns, [s["plan_s"] for s in r["scaling"]], "o-", label="plan")
+    scale.plot(ns, [s["commit_s"] for s in r["scaling"]], "s-", label="commit")
+    scale.plot(ns, [s["plan_commit_s"] for s in r["scaling"]], "^-", label="plan + commit")
+    scale.set_xscale("log")
+    scale.set_xlabel("historic batches in the ledger")
+    scale.set_ylim(bottom=0)
+    scale.set_title("one 100-record batch vs. ledger size (s)")
+    scale.legend()
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

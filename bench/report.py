@@ -1,0 +1,178 @@
+"""The benchmark's figures as a terminal table, a JSON file and docs/benchmarks.md."""
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from .common import SERVER_URL, scalar
+
+CONTENDERS = [("floor", "floor: 2-process consumer + COPY"), ("peer", "peer: Airflow ConsumeFromTopicOperator"),
+              ("ledgerbatch_one", "ledgerbatch, one batch"), ("ledgerbatch_several", "ledgerbatch, 4 batches")]
+
+
+def machine() -> dict:
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"model name\s*:\s*(.*)", cpuinfo)
+    mem = subprocess.run(["free", "-m"], capture_output=True, text=True).stdout.split("\n")[1].split()
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
+    versions = {pkg: metadata.version(pkg) for pkg in ("pyspark", "confluent-kafka", "apache-airflow",
+                                                         "apache-airflow-providers-apache-kafka", "psycopg2-binary")}
+    return {"cpu": model.group(1) if model else platform.processor(), "cores": cpuinfo.count("processor\t:"),
+            "memory_mib": int(mem[1]), "kernel": platform.release(), "python": platform.python_version(),
+            "java": java[0] if java else "?", "postgresql": scalar(SERVER_URL, "SHOW server_version"), **versions}
+
+
+def _fmt(value, spec: str = ".2f", unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def targets(r: dict) -> list[dict]:
+    """The issue's targets, each with its measured value; None where this run could not measure it."""
+    c, lat = r["contenders"], r["latency"]
+    one = c["ledgerbatch_one"]
+    small = c["ledgerbatch_small_batch"]
+    scale = [s["plan_commit_s"] for s in r["scaling"]]
+    drift = max(abs(s / scale[0] - 1) for s in scale) if scale else None
+
+    def growth(role: str):
+        a, b = small["memory_mib"].get(role), one["memory_mib"].get(role)
+        return b / a - 1 if a and b else None
+
+    rows = [
+        ("throughput ledgerbatch / peer", c["peer"]["wall_s"] / one["wall_s"], ">= 3x", lambda v: v >= 3, ".2f", "x"),
+        ("wall ledgerbatch / floor (one batch)", one["wall_s"] / c["floor"]["wall_s"], "<= 1.25x", lambda v: v <= 1.25, ".2f", "x"),
+        ("commit share of the one-batch wall", one["commit_share"], "<= 10%", lambda v: v <= 0.10, ".1%", ""),
+        ("100 records warm", lat["warm"]["median_s"], "<= 3 s", lambda v: v <= 3, ".2f", " s"),
+        ("100 records cold", lat["cold"]["median_s"], "<= 12 s", lambda v: v <= 12, ".2f", " s"),
+        ("plan+commit drift over historic batches", drift, "within 20%", lambda v: v <= 0.20, ".1%", ""),
+        ("driver memory growth, small -> full batch", growth("python"), "flat (<= 20%)", lambda v: v <= 0.20, "+.1%", ""),
+        ("executor memory growth, small -> full batch", growth("executor"), "flat (<= 20%)", lambda v: v <= 0.20, "+.1%", ""),
+        ("JVM memory growth, small -> full batch", growth("jvm"), "flat (<= 20%)", lambda v: v <= 0.20, "+.1%", ""),
+    ]
+    return [{"what": what, "value": value, "shown": _fmt(value, spec, unit), "target": target,
+             "met": None if value is None else bool(ok(value))} for what, value, target, ok, spec, unit in rows]
+
+
+def _verdict(met) -> str:
+    return "n/a" if met is None else "met" if met else "MISSED"
+
+
+def tables(r: dict) -> str:
+    """Markdown tables; they read well in a terminal too."""
+    c, records = r["contenders"], r["config"]["records"]
+    out = ["| contender | wall s (median) | all runs s | records/s | peak memory MiB | rows |",
+           "| --- | ---: | --- | ---: | ---: | ---: |"]
+    for key, label in CONTENDERS:
+        x = c[key]
+        out.append(f"| {label} | {x['wall_s']:.2f} | {', '.join(f'{w:.2f}' for w in x['walls_s'])} | "
+                   f"{records / x['wall_s']:,.0f} | {x['memory_mib']['total']:,.0f} | {x['rows']:,} |")
+    one, small = c["ledgerbatch_one"], c["ledgerbatch_small_batch"]
+    out += ["", f"ledgerbatch/floor wall: {one['wall_s'] / c['floor']['wall_s']:.2f}x; "
+                f"peer/ledgerbatch wall: {c['peer']['wall_s'] / one['wall_s']:.2f}x; "
+                f"peer wall counted as dag.test() alone (its whole process: {c['peer']['process_wall_s']:.2f} s)."]
+    phases = one.get("phase_s")
+    out.append("ledgerbatch one batch, phases: " + (", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
+               + f"; commit share {_fmt(one['commit_share'], '.1%')}" if phases else "no phase lines in its log: commit share n/a"))
+    out += ["", "| ledgerbatch peak memory (PSS) MiB | batch of " f"{small['batch_records']:,} | batch of {one['batch_records']:,} |",
+            "| --- | ---: | ---: |"]
+    for role in ("python", "jvm", "executor", "total"):
+        label = {"python": "driver (Python)", "jvm": "JVM", "executor": "Spark Python workers", "total": "total"}[role]
+        out.append(f"| {label} | {_fmt(small['memory_mib'].get(role), ',.0f')} | {_fmt(one['memory_mib'].get(role), ',.0f')} |")
+    lat = r["latency"]
+    out += ["", "| 100 records, produced -> committed | median s | runs s |", "| --- | ---: | --- |",
+            f"| cold (fresh `ledgerbatch run`, new JVM) | {_fmt(lat['cold']['median_s'])} | {', '.join(map(str, lat['cold']['walls_s']))} |",
+            f"| warm (`ledgerbatch run --follow`) | {_fmt(lat['warm']['median_s'])} | "
+            f"{', '.join(map(str, lat['warm'].get('walls_s', []))) or lat['warm'].get('note', '')} |"]
+    if lat["warm"].get("ledger_median_s") is not None:
+        out.append(f"| warm, ledger committed_at - created_at | {lat['warm']['ledger_median_s']:.2f} | |")
+    out += ["", "| historic batches in the ledger | plan s | commit s | plan + commit s (median) | setup s |",
+            "| ---: | ---: | ---: | ---: | ---: |"]
+    for s in r["scaling"]:
+        out.append(f"| {s['historic_batches']:,} | {s['plan_s']:.3f} | {s['commit_s']:.3f} | {s['plan_commit_s']:.3f} | {s['setup_s']} |")
+    out += ["", "| target | measured | wanted | verdict |", "| --- | ---: | --- | --- |"]
+    out += [f"| {t['what']} | {t['shown']} | {t['target']} | {_verdict(t['met'])} |" for t in r["targets"]]
+    return "\n".join(out)
+
+
+def write_json(r: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{r['started'].replace(':', '').replace('-', '')}.json"
+    path.write_text(json.dumps(r, indent=2, default=str))
+    return path
+
+
+def write_doc(r: dict, path: Path, plot_name: str) -> None:
+    m, cfg = r["machine"], r["config"]
+    path.write_text(f"""# Benchmarks
+
+Generated by `{cfg['command']}` on {r['started']} (UTC); every figure below was measured in that one run.
+Regenerate with `make bench` (the full form: about half an hour on 2 cores) or `make bench-smoke` (a
+reduced form that CI runs as `tests/bench/test_bench_smoke.py`; it writes to `bench/results/smoke/`).
+
+**Data**: {cfg['records']:,} JSON orders of about 90 bytes (`ledgerbatch.demodata.order`) in {cfg['partitions']}
+partitions of one dev broker topic, every one checked to be retained from offset 0. Every contender reads the
+same topic from offset 0 into its own fresh database; the harness checks each one's row count against the
+records produced. Wall times are medians of {cfg['runs']} runs, interleaved (floor, peer, ledgerbatch, ... per run).
+
+![throughput, memory, latency and scaling]({plot_name})
+
+{tables(r)}
+
+## What each contender is
+
+- **floor** (`bench/floor.py`): 2 OS processes, each owning half the partitions: confluent-kafka `assign()` from
+  offset 0, `consume()` until the position reaches the end watermark, `json.loads`, text `COPY` in chunks of
+  50,000 into a plain table with the target's columns (no index); no ledger, no exactly-once. Wall: both
+  processes started to both done.
+- **peer** (`bench/peer.py`, `bench/dags/bench_peer.py`): `ConsumeFromTopicOperator`
+  (apache-airflow-providers-apache-kafka {m['apache-airflow-providers-apache-kafka']}) with an
+  `apply_function_batch` doing psycopg2 `execute_values` INSERTs, `max_batch_size` 10,000, `max_messages` =
+  the records, `commit_cadence="end_of_batch"` (at-least-once), a new consumer group per run, run with
+  `dag.test()` against a PostgreSQL metadata database. Its wall is `dag.test()` alone, without Airflow's import.
+- **ledgerbatch** (`bench/lb.py`): `ledgerbatch migrate`, then `ledgerbatch run` as a child process (plan +
+  spark-submit process + commit, `local[*]`), `batch.max_records` = all records (one batch) or a quarter (4
+  batches). Its wall includes Spark's start-up. Phase seconds come from the `phase {{json}}` lines of logger
+  `ledgerbatch.events`. The memory split uses a third run shape: one batch of a tenth of the records.
+- **Peak memory**: the process tree (children included) sampled every 100 ms, the peak of the summed PSS.
+  PSS rather than RSS because Spark's Python workers fork from one daemon and share most pages. Roles: `java`
+  is the JVM (driver and executors of `local[*]`), a Python process under the JVM is a Spark Python worker,
+  any other Python is the driver.
+- **Latency**: cold = wall of `ledgerbatch run` for 100 new records (a fresh spark-submit). Warm = one
+  `ledgerbatch run --follow --idle-seconds 0.1`; after its first batch, 100 records are produced (flushed), and
+  the clock runs until the ledger's cursors cover them (polled every 50 ms); `committed_at - created_at` of
+  that batch is shown too.
+- **Scaling** (`bench/scaling.py`): a fresh ledger gets N historic committed live batches inserted with
+  `generate_series` — batch i covers one contiguous range of partition i mod P, together tiling [0, end) of
+  every partition of the benchmark topic, cursors at the end — so every constraint (reconciled counts, the
+  exclusion constraint on committed ranges, cursor/last-batch consistency) holds and the indexes are as big
+  as N batches make them. Then 100 new records are produced and go through the real `plan_next` ->
+  `process_batch` -> `commit_batch`, one SparkSession for all N; plan and commit are timed in-process
+  (median of {cfg['latency_repeats']}, after one untimed warm-up batch). Ranges tile real offsets (not empty
+  ranges), so the exclusion constraint's GiST index holds N real ranges. The target holds only the new rows:
+  what grows is the ledger.
+
+## Exact commands
+
+```bash
+{cfg['command']}
+make bench          # python -m bench.run --records 1000000 --partitions 32 --runs 3 --historic 1000,100000,1000000
+make bench-smoke    # python -m bench.run --records 20000 --partitions 4 --runs 1 --historic 100,1000 --docs bench/results/smoke
+```
+
+## Machine
+
+| | |
+| --- | --- |
+| CPU | {m['cpu']}, {m['cores']} cores |
+| memory | {m['memory_mib']:,} MiB |
+| kernel | {m['kernel']} |
+| PostgreSQL | {m['postgresql']} (local, default settings) |
+| Python / Java | {m['python']} / {m['java']} |
+| pyspark / confluent-kafka | {m['pyspark']} / {m['confluent-kafka']} |
+| Airflow / Kafka provider | {m['apache-airflow']} / {m['apache-airflow-providers-apache-kafka']} |
+| Kafka | librdkafka's mock cluster (`ledgerbatch dev-broker`, 3 brokers) on 127.0.0.1 |
+""")

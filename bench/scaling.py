@@ -1,0 +1,114 @@
+"""Scaling with the ledger's size: plan + commit of one small real batch after N historic batches.
+
+The historic ledger is valid by every constraint: N committed live batches of the pipeline, batch i
+covering one contiguous range of partition i % P, together tiling [0, end) of each partition of the
+pipeline's real topic, and the cursors standing at the end. The new batch then plans 100 new records
+after them and goes through the real plan_next -> process_batch -> commit_batch, timed in-process
+(one SparkSession for every N, so Spark's start-up is not in the figures).
+
+Runs as a child process (it hosts Spark): python -m bench.scaling CONFIG_JSON
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+
+from ledgerbatch.commit import commit_batch
+from ledgerbatch.db import make_engine
+from ledgerbatch.demodata import produce_orders
+from ledgerbatch.migrate import migrate
+from ledgerbatch.planner import plan_next
+from ledgerbatch.process import process_batch
+from ledgerbatch.sparksession import get_spark
+from ledgerbatch.spec import load_spec
+
+from . import lb
+from .common import fresh_database, watermarks
+
+NAME = "bench_scale"
+NEW_RECORDS = 100
+
+HISTORIC_SQL = """
+CREATE TEMP TABLE historic AS
+SELECT g AS batch_id, s.p, s.j * h / n AS from_offset, (s.j + 1) * h / n AS until_offset,
+       now() - (:n - g) * interval '1 minute' AS created_at
+FROM (SELECT g, ((g - 1) % :parts)::int AS p, ((g - 1) / :parts)::bigint AS j FROM generate_series(1, :n) g) s
+CROSS JOIN LATERAL (SELECT (CAST(:highs AS bigint[]))[s.p + 1] AS h,
+                           (:n / :parts + CASE WHEN s.p < :n % :parts THEN 1 ELSE 0 END)::bigint AS n) x;
+
+INSERT INTO ledger.batches (batch_id, pipeline, kind, status, attempt, staging_table, created_at, updated_at,
+                            staged_at, committed_at, records_read, rows_written, rows_quarantined)
+SELECT batch_id, :pipeline, 'live', 'committed', 1, 'b' || batch_id || '_a1', created_at, created_at + interval '10 s',
+       created_at + interval '8 s', created_at + interval '10 s', until_offset - from_offset, until_offset - from_offset, 0
+FROM historic;
+
+INSERT INTO ledger.batch_ranges (batch_id, pipeline, kind, topic, partition, from_offset, until_offset, records_read, committed)
+SELECT batch_id, :pipeline, 'live', :topic, p, from_offset, until_offset, until_offset - from_offset, true FROM historic;
+
+INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offset, last_batch_id)
+SELECT :pipeline, :topic, p, 0, max(until_offset), max(batch_id) FROM historic GROUP BY p;
+
+SELECT setval(pg_get_serial_sequence('ledger.batches', 'batch_id'), :n);
+DROP TABLE historic;
+"""
+
+
+def one_size(spark, n: int, bootstrap: str, topic: str, partitions: int, workdir: Path, repeats: int) -> dict:
+    highs = [hi for _, (_, hi) in sorted(watermarks(bootstrap, topic, partitions).items())]
+    if not partitions <= n <= min(highs) * partitions:
+        raise SystemExit(f"scaling: {n} historic batches need {partitions} to {min(highs) * partitions} offsets' worth")
+    url = fresh_database("lb_bench_scale")
+    lb.write_spec(workdir, NAME, topic, 100_000)
+    spec = load_spec(workdir, NAME)
+    engine = make_engine(url)
+    migrate(engine)
+    started = time.monotonic()
+    with engine.begin() as conn:
+        for statement in HISTORIC_SQL.split(";\n"):
+            if statement.strip():
+                conn.execute(text(statement), {"n": n, "parts": partitions, "highs": highs, "pipeline": NAME, "topic": topic})
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE"))
+    setup_s = time.monotonic() - started
+    produced, times = 0, []
+    for i in range(repeats + 1):  # the first batch creates the target table and warms Spark: not counted
+        produce_orders(bootstrap, topic, NEW_RECORDS, partitions, start=sum(highs) + produced)
+        produced += NEW_RECORDS
+        t0 = time.monotonic()
+        batch = plan_next(engine, spec, bootstrap)
+        plan_s = time.monotonic() - t0
+        if batch is None or batch.span != NEW_RECORDS:
+            raise RuntimeError(f"scaling: planned {batch and batch.span} offsets, expected {NEW_RECORDS}")
+        batch = process_batch(spark, engine, spec, batch.batch_id, url, bootstrap)
+        t0 = time.monotonic()
+        commit_batch(engine, spec, batch.batch_id, batch.attempt)
+        commit_s = time.monotonic() - t0
+        if i:
+            times.append((plan_s, commit_s))
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT count(*) FROM public.{NAME}")).scalar_one()
+    engine.dispose()
+    if rows != produced:
+        raise RuntimeError(f"scaling: {rows} rows for {produced} new records")
+    totals = [p + c for p, c in times]
+    return {"historic_batches": n, "setup_s": round(setup_s, 1), "plan_s": statistics.median(p for p, _ in times),
+            "commit_s": statistics.median(c for _, c in times), "plan_commit_s": statistics.median(totals),
+            "plan_commit_all_s": [round(t, 4) for t in totals]}
+
+
+def main(cfg: dict) -> list[dict]:
+    spark = get_spark("local[*]", "ledgerbatch-bench-scaling")
+    try:
+        return [one_size(spark, n, cfg["bootstrap"], cfg["topic"], cfg["partitions"], Path(cfg["workdir"]), cfg["repeats"])
+                for n in cfg["historic"]]
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    print("BENCH_SCALING_RESULT " + json.dumps(main(json.loads(sys.argv[1]))), flush=True)
