@@ -73,10 +73,12 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
                 if kind != batch.kind:
                     raise FencedError(f"batch {batch_id}: {r} is now a {kind}, not a {batch.kind}: fenced")
 
-        # 3. Reconcile what the ledger recorded with what the staging table holds.
+        # 3. Shut out any straggling writer of this attempt, then reconcile what the ledger recorded
+        #    with what staging holds (each staging table is unique on the coordinates).
+        tables.lock_staging(conn, batch.staging_table)
         staged = tables.staged_counts(conn, batch.staging_table)
-        if any(row.rows != row.distinct_offsets for row in staged):
-            raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds duplicate offsets")
+        if tables.staged_overlap(conn, batch.staging_table):
+            raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds offsets both as rows and as bad records")
         recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
         bad = sum(row.bad for row in staged)
         total = sum(row.rows for row in staged)
@@ -84,18 +86,15 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
         check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
 
-        # 4. Move staged rows into the target and bad records into quarantine
-        #    (a replay first removes what earlier deliveries of its ranges left there).
+        # 4. Publish the staged rows (an append target takes the staging table as the batch's
+        #    partition) and move bad records into quarantine.
         tables.ensure_target(conn, spec)
-        if batch.kind == "live":
-            tables.move_rows(conn, spec, batch.staging_table, batch_id)
-        else:
-            tables.replace_rows(conn, spec, batch.staging_table, batch_id)
+        tables.publish_rows(conn, spec, batch.staging_table, batch_id, replay=batch.kind != "live")
         quarantined = tables.quarantine_rows(conn, batch.staging_table, batch_id, spec.name)
         if quarantined != recorded.rows_quarantined:
             raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
 
-        # 5. Mark committed and drop the staging table.
+        # 5. Mark committed and drop what is left of staging.
         ledger.mark_committed(conn, batch_id)
         tables.drop_staging(conn, batch.staging_table)
         crash_point("before_commit")

@@ -4,6 +4,7 @@ Nothing is collected to the driver: executors read Kafka and COPY into PostgreSQ
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -41,36 +42,19 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         attempt = ledger.begin_attempt(conn, batch_id)
         batch = ledger.get_batch(conn, batch_id)
         staging = tables.staging_name(batch_id, attempt)
-        conn.execute(text(tables.create_staging_sql(spec, staging)))
+        tables.create_staging(conn, spec, staging, batch_id)
     log.info("batch %d attempt %d: reading %d offsets from %d ranges into ledger_staging.%s",
              batch_id, attempt, batch.span, len(batch.ranges), staging)
-    ranges_json = json.dumps([r.to_dict() for r in batch.ranges])
+    ranges = [r.to_dict() for r in batch.ranges]
+    kafka = consumer_config(bootstrap_servers, dict(spec.kafka_options))
+    target = stage.Target(libpq_dsn(db_url), staging, tables.staging_sql(spec, staging),
+                          tuple(c.name for c in spec.columns), batch_id)
+    ledger_sql = {"mark_staged": query("mark_staged"), "set_range_count": query("set_range_count")}
     try:
-        raw = (
-            spark.read.format(source.FORMAT)
-            .option("ranges", ranges_json)
-            .option("kafka", json.dumps(consumer_config(bootstrap_servers, dict(spec.kafka_options))))
-            .option("stall_timeout_s", str(stall_timeout_s))
-            .load()
-        )
-        parsed = raw.mapInArrow(functools.partial(parse_batches, columns=spec.columns, required=spec.key),
-                                staged_struct(spec.columns))
-        parsed = apply_transform(parsed, spec)
-        (
-            parsed.write.format(stage.FORMAT).mode("append")
-            .option("dsn", libpq_dsn(db_url))
-            .option("db_url", db_url)
-            .option("staging_table", staging)
-            .option("lock_sql", query("staging_task_lock"))
-            .option("delete_sql", query("staging_delete_partition", staging=staging))
-            .option("copy_sql", query("staging_copy", staging=staging))
-            .option("mark_staged_sql", query("mark_staged"))
-            .option("set_range_count_sql", query("set_range_count"))
-            .option("batch_id", str(batch_id))
-            .option("attempt", str(attempt))
-            .option("ranges", ranges_json)
-            .save()
-        )
+        if spec.transform:
+            _stage_dataframe(spark, spec, ranges, kafka, stall_timeout_s, target, db_url, ledger_sql, attempt)
+        else:
+            _stage_direct(spark, engine, spec, ranges, kafka, stall_timeout_s, target, ledger_sql, attempt)
     except Exception as exc:
         reason = spark_error_reason(exc)
         with engine.begin() as conn:
@@ -97,12 +81,46 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             ledger.mark_failed(conn, batch_id, attempt, str(exc))
         raise BatchFailedError(
             f"batch {batch_id} failed, nothing committed: {exc}. The bad records are in "
-            f"ledger_staging.{staging} (WHERE _error IS NOT NULL); fix the data or the spec's errors section "
+            f"ledger_staging.{tables.bad_name(staging)}; fix the data or the spec's errors section "
             f"and run again"
         ) from None
     log.info("batch %d staged: %d records read, %d rows, %d bad (%.1fs)", batch_id, counts.records_read,
              counts.rows_written, counts.rows_quarantined, time.monotonic() - started)
     return batch
+
+
+def _stage_direct(spark, engine: Engine, spec: PipelineSpec, ranges: list[dict], kafka: dict, stall_timeout_s: float,
+                  target: stage.Target, ledger_sql: dict, attempt: int) -> None:
+    """One Spark task per range reads, parses and COPYs it; only the counts come back."""
+    task = functools.partial(stage.stage_ranges, ranges=ranges, kafka=kafka, stall_timeout_s=stall_timeout_s,
+                             columns=spec.columns, required=spec.key, target=target)
+    rows = spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(task, stage.COUNTS).collect()
+    counts = {(r.topic, r.partition): (r.rows, r.bad) for r in rows if r.rows}
+    with engine.begin() as conn:
+        stage.mark_staged(conn, ledger_sql, target.batch_id, attempt, target.staging, ranges, counts)
+
+
+def _stage_dataframe(spark, spec: PipelineSpec, ranges: list[dict], kafka: dict, stall_timeout_s: float,
+                     target: stage.Target, db_url: str, ledger_sql: dict, attempt: int) -> None:
+    """The transform is Spark SQL: rows go through a DataFrame from the range reader to the staging sink."""
+    raw = (
+        spark.read.format(source.FORMAT)
+        .option("ranges", json.dumps(ranges))
+        .option("kafka", json.dumps(kafka))
+        .option("stall_timeout_s", str(stall_timeout_s))
+        .load()
+    )
+    parsed = raw.mapInArrow(functools.partial(parse_batches, columns=spec.columns, required=spec.key),
+                            staged_struct(spec.columns))
+    (
+        apply_transform(parsed, spec).write.format(stage.FORMAT).mode("append")
+        .option("target", json.dumps(dataclasses.asdict(target)))
+        .option("db_url", db_url)
+        .option("ledger_sql", json.dumps(ledger_sql))
+        .option("attempt", str(attempt))
+        .option("ranges", json.dumps(ranges))
+        .save()
+    )
 
 
 def apply_transform(df, spec: PipelineSpec):

@@ -20,6 +20,16 @@ def staging_name(batch_id: int, attempt: int) -> str:
     return f"b{batch_id}_a{attempt}"
 
 
+def bad_name(staging: str) -> str:
+    """The attempt's table of bad records, beside its table of good rows."""
+    return f"{staging}_bad"
+
+
+def partition_name(table: str, batch_id: int) -> str:
+    suffix = f"_b{batch_id}"
+    return table.encode()[:63 - len(suffix)].decode(errors="ignore") + suffix
+
+
 def _defs(spec: PipelineSpec) -> Fragment:
     return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in spec.columns))
 
@@ -33,8 +43,20 @@ def _set_list(spec: PipelineSpec) -> Fragment:
     return Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
 
 
-def create_staging_sql(spec: PipelineSpec, staging: str) -> str:
-    return query("create_staging", staging=staging, defs=_defs(spec))
+def create_staging(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> None:
+    conn.execute(text(query("create_staging", staging=staging, bad=bad_name(staging), defs=_defs(spec))),
+                 {"batch_id": batch_id})
+
+
+def staging_sql(spec: PipelineSpec, staging: str) -> dict[str, str]:
+    """The statements an executor runs (psycopg2 parameters), by role."""
+    names = dict(staging=staging, bad=bad_name(staging))
+    return {
+        "lock": query("staging_task_lock"),
+        "delete": query("staging_delete_partition", **names),
+        "copy": query("staging_copy", staging=staging, columns=_columns(spec)),
+        "copy_bad": query("staging_copy_bad", bad=bad_name(staging)),
+    }
 
 
 def ensure_target(conn: Connection, spec: PipelineSpec) -> None:
@@ -61,38 +83,45 @@ def ensure_target(conn: Connection, spec: PipelineSpec) -> None:
         raise SpecError(f"target table {spec.target_schema}.{spec.target_table} disagrees with the spec: {'; '.join(problems)}")
 
 
+def lock_staging(conn: Connection, staging: str) -> None:
+    conn.execute(text(query("lock_staging", staging=staging, bad=bad_name(staging))))
+
+
 def staged_counts(conn: Connection, staging: str) -> list:
-    return conn.execute(text(query("staged_counts", staging=staging))).all()
+    return conn.execute(text(query("staged_counts", staging=staging, bad=bad_name(staging)))).all()
 
 
-def move_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> int:
-    """Staged good rows into the target; returns the rows inserted or updated."""
-    params = dict(schema=spec.target_schema, table=spec.target_table, staging=staging, columns=_columns(spec))
-    if spec.mode == "append":
-        sql = query("insert_append", **params)
-    else:
-        sql = query("insert_upsert", key=list(spec.key), set_list=_set_list(spec), **params)
-    return conn.execute(text(sql), {"batch_id": batch_id}).rowcount
+def staged_overlap(conn: Connection, staging: str) -> int:
+    return conn.execute(text(query("staged_overlap", staging=staging, bad=bad_name(staging)))).scalar_one()
 
 
-def replace_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> None:
-    """Replay/backfill: the target rows and quarantined records of the batch's ranges are replaced."""
+def publish_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int, replay: bool) -> None:
+    """Staged good rows into the target. A replay first removes what earlier deliveries of its ranges
+    left in the target (append) and in quarantine; an upsert replay keeps newer values."""
     target = dict(schema=spec.target_schema, table=spec.target_table)
-    conn.execute(text(query("delete_quarantine_in_ranges")), {"batch_id": batch_id})
-    if spec.mode == "append":
+    params = dict(staging=staging, columns=_columns(spec), **target)
+    if replay:
+        conn.execute(text(query("delete_quarantine_in_ranges")), {"batch_id": batch_id})
+    if spec.mode == "upsert":
+        name = "replay_upsert" if replay else "insert_upsert"
+        conn.execute(text(query(name, key=list(spec.key), set_list=_set_list(spec), **params)), {"batch_id": batch_id})
+        return
+    if replay:
         conn.execute(text(query("delete_target_in_ranges", **target)), {"batch_id": batch_id})
-        move_rows(conn, spec, staging, batch_id)
+    if conn.execute(text(query("target_is_partitioned")), target).scalar_one():
+        conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
+                                **target)), {"batch_id": batch_id})
     else:
-        conn.execute(text(query("replay_upsert", staging=staging, columns=_columns(spec), key=list(spec.key),
-                                set_list=_set_list(spec), **target)), {"batch_id": batch_id})
+        conn.execute(text(query("insert_append", **params)))
 
 
 def quarantine_rows(conn: Connection, staging: str, batch_id: int, pipeline: str) -> int:
-    return conn.execute(text(query("insert_quarantine", staging=staging)), {"batch_id": batch_id, "pipeline": pipeline}).rowcount
+    return conn.execute(text(query("insert_quarantine", bad=bad_name(staging))),
+                        {"batch_id": batch_id, "pipeline": pipeline}).rowcount
 
 
 def drop_staging(conn: Connection, staging: str) -> None:
-    conn.execute(text(query("drop_staging", staging=staging)))
+    conn.execute(text(query("drop_staging", staging=staging, bad=bad_name(staging))))
 
 
 def drop_finished_staging(engine: Engine, pipeline: str) -> list[str]:

@@ -28,9 +28,8 @@ WHERE r.batch_id = :batch_id AND q.pipeline = r.pipeline AND q.topic = r.topic A
 -- A replayed record replaces a row only where that row's value came from the replayed ranges
 -- (or the key is absent): newer values from later offsets are kept.
 INSERT INTO {schema}.{table} AS t ({columns}, _topic, _partition, _offset, _batch_id)
-SELECT DISTINCT ON ({key}) {columns}, _topic, _partition, _offset, :batch_id
+SELECT DISTINCT ON ({key}) {columns}, _topic, _partition, _offset, _batch_id
 FROM ledger_staging.{staging}
-WHERE _error IS NULL
 ORDER BY {key}, _offset DESC, _partition DESC
 ON CONFLICT ({key}) DO UPDATE SET {set_list}
 WHERE EXISTS (SELECT 1 FROM ledger.batch_ranges r
@@ -45,7 +44,7 @@ WITH current AS (
       ON r.batch_id = :batch_id AND t._topic = r.topic AND t._partition = r.partition
      AND t._offset >= r.from_offset AND t._offset < r.until_offset
 ), staged AS (
-    SELECT _topic, _partition, _offset, ({columns}) AS v FROM ledger_staging.{staging} WHERE _error IS NULL
+    SELECT _topic, _partition, _offset, ({columns}) AS v FROM ledger_staging.{staging}
 )
 SELECT count(*) FILTER (WHERE c._offset IS NULL) AS added,
        count(*) FILTER (WHERE s._offset IS NULL) AS removed,

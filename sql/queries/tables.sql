@@ -2,45 +2,73 @@
 -- rendered from validated column names and ledgerbatch's fixed type map (plugins/ledgerbatch/tables.py).
 
 -- name: create_staging
-CREATE UNLOGGED TABLE ledger_staging.{staging} (
+-- Good rows, in the target's shape: an append commit attaches this very table as the batch's
+-- partition of the target, so it is logged, carries its batch id and is indexed like the target.
+CREATE TABLE ledger_staging.{staging} (
     {defs},
     _topic     text    NOT NULL,
     _partition integer NOT NULL,
     _offset    bigint  NOT NULL,
-    _error     text,
+    _batch_id  bigint  NOT NULL CHECK (_batch_id = :batch_id),
+    UNIQUE (_topic, _partition, _offset, _batch_id)
+);
+CREATE TABLE ledger_staging.{bad} (
+    _topic     text    NOT NULL,
+    _partition integer NOT NULL,
+    _offset    bigint  NOT NULL,
+    _error     text    NOT NULL,
     _key       bytea,
-    _value     bytea
+    _value     bytea,
+    PRIMARY KEY (_topic, _partition, _offset)
 );
 
 -- name: staging_delete_partition
 -- Executors (psycopg2): drop what an earlier try of the same task left behind.
-DELETE FROM ledger_staging.{staging} WHERE _topic = %s AND _partition = %s;
+DELETE FROM ledger_staging.{staging} WHERE _topic = %(topic)s AND _partition = %(partition)s;
+DELETE FROM ledger_staging.{bad} WHERE _topic = %(topic)s AND _partition = %(partition)s;
 
 -- name: staging_copy
--- Executors (psycopg2): each task streams its range as CSV, columns in the staged schema's order.
-COPY ledger_staging.{staging} FROM STDIN WITH (FORMAT csv);
+-- Executors (psycopg2): good rows as CSV, columns in the listed order.
+COPY ledger_staging.{staging} ({columns}, _topic, _partition, _offset, _batch_id) FROM STDIN WITH (FORMAT csv);
+
+-- name: staging_copy_bad
+COPY ledger_staging.{bad} (_topic, _partition, _offset, _error, _key, _value) FROM STDIN WITH (FORMAT csv);
 
 -- name: staging_task_lock
 -- Executors (psycopg2): one writer per staging table and partition at a time.
-SELECT pg_advisory_xact_lock(hashtext(%s));
+SELECT pg_advisory_xact_lock(hashtext(%(lock)s));
+
+-- name: lock_staging
+-- The commit shuts out any straggling writer of the attempt before it counts and moves the rows.
+LOCK TABLE ledger_staging.{staging}, ledger_staging.{bad} IN ACCESS EXCLUSIVE MODE;
 
 -- name: staged_counts
-SELECT _topic AS topic, _partition AS partition, count(*) AS rows, count(_error) AS bad,
-       count(DISTINCT _offset) AS distinct_offsets
-FROM ledger_staging.{staging} GROUP BY _topic, _partition;
+SELECT _topic AS topic, _partition AS partition, sum(rows)::bigint AS rows, sum(bad)::bigint AS bad
+FROM (SELECT _topic, _partition, count(*) AS rows, 0 AS bad FROM ledger_staging.{staging} GROUP BY 1, 2
+      UNION ALL
+      SELECT _topic, _partition, count(*), count(*) FROM ledger_staging.{bad} GROUP BY 1, 2) s
+GROUP BY 1, 2;
+
+-- name: staged_overlap
+-- A coordinate staged both as a good row and as a bad record (each table is unique on its own).
+SELECT count(*) FROM ledger_staging.{bad} b
+JOIN ledger_staging.{staging} g ON g._topic = b._topic AND g._partition = b._partition AND g._offset = b._offset;
 
 -- name: drop_staging
-DROP TABLE IF EXISTS ledger_staging.{staging};
+DROP TABLE IF EXISTS ledger_staging.{staging}, ledger_staging.{bad};
 
 -- name: create_target_append
+-- One partition per batch: the commit attaches the batch's staging table instead of copying rows.
+-- Each partition is unique on the coordinates; across batches the ledger's exclusion constraint on
+-- committed ranges keeps them unique.
 CREATE TABLE IF NOT EXISTS {schema}.{table} (
     {defs},
     _topic     text    NOT NULL,
     _partition integer NOT NULL,
     _offset    bigint  NOT NULL,
     _batch_id  bigint  NOT NULL,
-    UNIQUE (_topic, _partition, _offset)
-);
+    UNIQUE (_topic, _partition, _offset, _batch_id)
+) PARTITION BY LIST (_batch_id);
 
 -- name: create_target_upsert
 CREATE TABLE IF NOT EXISTS {schema}.{table} (
@@ -52,32 +80,42 @@ CREATE TABLE IF NOT EXISTS {schema}.{table} (
     PRIMARY KEY ({key})
 );
 
+-- name: target_is_partitioned
+SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = :schema AND c.relname = :table;
+
+-- name: attach_partition
+-- Metadata only: the CHECK on _batch_id and the unique index built while staging spare PostgreSQL
+-- a validation scan and an index build. The table leaves ledger_staging, so no writer finds it again.
+ALTER TABLE ledger_staging.{staging} RENAME TO {partition};
+ALTER TABLE ledger_staging.{partition} SET SCHEMA {schema};
+ALTER TABLE {schema}.{table} ATTACH PARTITION {schema}.{partition} FOR VALUES IN (:batch_id);
+
 -- name: insert_append
+-- Append targets created before targets were partitioned take a copy of the rows.
 INSERT INTO {schema}.{table} ({columns}, _topic, _partition, _offset, _batch_id)
-SELECT {columns}, _topic, _partition, _offset, :batch_id
-FROM ledger_staging.{staging}
-WHERE _error IS NULL;
+SELECT {columns}, _topic, _partition, _offset, _batch_id
+FROM ledger_staging.{staging};
 
 -- name: insert_upsert
 -- Within a batch the highest offset of a key wins; across batches the later batch wins.
 INSERT INTO {schema}.{table} ({columns}, _topic, _partition, _offset, _batch_id)
-SELECT DISTINCT ON ({key}) {columns}, _topic, _partition, _offset, :batch_id
+SELECT DISTINCT ON ({key}) {columns}, _topic, _partition, _offset, _batch_id
 FROM ledger_staging.{staging}
-WHERE _error IS NULL
 ORDER BY {key}, _offset DESC, _partition DESC
 ON CONFLICT ({key}) DO UPDATE SET {set_list};
 
 -- name: insert_quarantine
 INSERT INTO ledger.quarantine (batch_id, pipeline, topic, partition, "offset", key, value, error)
 SELECT :batch_id, :pipeline, _topic, _partition, _offset, _key, _value, _error
-FROM ledger_staging.{staging}
-WHERE _error IS NOT NULL;
+FROM ledger_staging.{bad};
 
 -- name: set_lock_timeout
 SELECT set_config('lock_timeout', :ms, true);
 
 -- name: finished_staging_tables
--- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up).
-SELECT t.table_name FROM information_schema.tables t
+-- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up), by
+-- the name of the good-rows table (drop_staging drops the bad-records table with it).
+SELECT DISTINCT regexp_replace(t.table_name, '_bad$', '') AS table_name FROM information_schema.tables t
 JOIN ledger.batches b ON t.table_name LIKE 'b' || b.batch_id || '\_a%'
 WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned');

@@ -23,9 +23,10 @@ def test_verify_names_each_violation(engine, db_url, broker, spark, make_pipelin
     table = f'public."{p.table}"'
     tamperings = [
         (f"DELETE FROM {table} WHERE _offset = 0 AND _partition = 0", "committed batches read 20 records"),
-        (f"INSERT INTO {table} (order_id, _topic, _partition, _offset, _batch_id) VALUES ('x', '{p.topic}', 0, 999, 1)",
+        (f"INSERT INTO {table} (order_id, _topic, _partition, _offset, _batch_id) VALUES ('x', '{p.topic}', 0, 999, {{batch}})",
          "outside every committed range"),
-        (f"UPDATE {table} SET _batch_id = 999999 WHERE _offset = 2", "not committed batches of this pipeline"),
+        (f'CREATE TABLE public."{p.table}_rogue" PARTITION OF {table} FOR VALUES IN (999999); '
+         f"UPDATE {table} SET _batch_id = 999999 WHERE _offset = 2", "not committed batches of this pipeline"),
         ("UPDATE ledger.cursors SET next_offset = next_offset + 5 WHERE pipeline = :p AND partition = 1",
          "cursor at 15 but committed ranges end at 10"),
         ("UPDATE ledger.batch_ranges SET from_offset = from_offset + 1, records_read = least(records_read, until_offset - from_offset - 1) WHERE pipeline = :p AND partition = 0 AND from_offset = 5",
