@@ -109,11 +109,11 @@ FROM pg_catalog.pg_tables t
 LEFT JOIN ledger.batches b ON t.tablename ~ ('^b' || b.batch_id || '_a')
 WHERE t.schemaname = 'ledger_staging' AND (b.batch_id IS NULL OR b.status IN ('committed', 'abandoned'));
 
--- Quarantined records by reason: values in quotes and numbers are masked so that one kind of
--- error is one row (`sample` shows one real message).
+-- Quarantined records by reason: values in quotes and free-standing numbers (positions) are masked
+-- so that one kind of error is one row (`sample` shows one real message). UTF-8 and ISO-8601 stay.
 CREATE OR REPLACE VIEW ledger.quarantine_summary AS
 SELECT q.pipeline,
-       regexp_replace(q.error, '"([^"\\]|\\.)*"|\m\d+\M', '…', 'g') AS reason,
+       regexp_replace(q.error, '"([^"\\]|\\.)*"|(?<![\w-])\d+\M', '…', 'g') AS reason,
        count(*)                    AS records,
        count(DISTINCT (q.topic, q.partition)) AS partitions,
        min(q.batch_id)             AS first_batch_id,
