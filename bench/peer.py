@@ -7,6 +7,7 @@ dag.test() alone, so Airflow's import and start-up are not counted against it.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,9 @@ class Peer:
                               timeout=900)
         if done.returncode:
             raise RuntimeError(f"airflow db migrate failed: {done.stderr[-2000:]}")
+
+    def close(self) -> None:
+        shutil.rmtree(self.home, ignore_errors=True)
 
     def run(self, db_name: str) -> dict:
         url = fresh_database(db_name)

@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> dict:
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
         check_retained(broker.bootstrap, TOPIC, args.partitions, args.records)
         peer = Peer(broker.bootstrap, TOPIC, args.records)
-        results = {"started": started, "contenders": contenders(broker.bootstrap, args, workdir, peer)}
+        try:
+            results = {"started": started, "contenders": contenders(broker.bootstrap, args, workdir, peer)}
+        finally:
+            peer.close()
         print("latency: cold, then warm", flush=True)
         latency = Latency(broker.bootstrap, LATENCY_TOPIC, 4, workdir)
         results["latency"] = {"cold": latency.cold(args.latency_repeats), "warm": latency.warm(args.latency_repeats)}
