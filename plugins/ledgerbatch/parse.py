@@ -48,6 +48,10 @@ def _reject_constant(name: str):
     raise BadValue(f"value is not valid JSON: {name} is not a JSON number")
 
 
+# One decoder for every record: json.loads with options would build a new one per call.
+_DECODER = json.JSONDecoder(parse_float=Decimal, parse_constant=_reject_constant)
+
+
 def _decode(raw: bytes | None) -> dict:
     if raw is None:
         raise BadValue("null value (tombstone)")
@@ -58,7 +62,7 @@ def _decode(raw: bytes | None) -> dict:
     except UnicodeDecodeError as exc:
         raise BadValue(f"value is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        obj = json.loads(text, parse_float=Decimal, parse_constant=_reject_constant)
+        obj = _DECODER.decode(text)
     except RecursionError:
         raise BadValue("value is not valid JSON: nested too deeply") from None
     except json.JSONDecodeError as exc:
@@ -194,38 +198,56 @@ def _hex(raw: bytes | None) -> str | None:
     return None if raw is None else "\\x" + raw.hex()
 
 
-def parse_batches(batches: Iterator, columns: tuple[Column, ...], required: tuple[str, ...] = ()) -> Iterator:
-    """mapInArrow body: raw Kafka records -> staged rows (typed, or with `_error` and the raw bytes)."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
+class Parser:
+    """Raw records of one partition -> one Arrow batch of staged rows (typed, or with `_error` and the
+    raw bytes as bytea hex text)."""
 
-    schema = to_arrow_schema(staged_struct(columns), timezone="UTC")
-    converters = [converter(c) for c in columns]
-    width = len(columns)
-    required_at = [(i, c.name) for i, c in enumerate(columns) if c.name in required]
-    empty_row = (None,) * width
-    for batch in batches:
-        keys, values = batch.column("key").to_pylist(), batch.column("value").to_pylist()
-        rows, errors, bad_keys, bad_values = [], [], [], []
-        for key, value in zip(keys, values):
+    def __init__(self, columns: tuple[Column, ...], required: tuple[str, ...] = ()):
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.columns = columns
+        self.schema = to_arrow_schema(staged_struct(columns), timezone="UTC")
+        self.converters = [converter(c) for c in columns]
+        self.required_at = [(i, c.name) for i, c in enumerate(columns) if c.name in required]
+
+    def parse(self, topic: str, partition: int, offsets: list[int], keys: list, values: list):
+        import pyarrow as pa
+
+        columns, converters, required_at = self.columns, self.converters, self.required_at
+        rows, bad = [], {}  # bad: position -> reason
+        empty_row = (None,) * len(columns)
+        for at, value in enumerate(values):
             try:
                 row = parse_value(value, columns, converters)
                 for i, name in required_at:
                     if row[i] is None:
                         raise BadValue(f"field {name}: missing or null, but it is part of the target key")
                 rows.append(row)
-                errors.append(None)
-                bad_keys.append(None)
-                bad_values.append(None)
             except BadValue as exc:
                 rows.append(empty_row)
-                errors.append(str(exc))
-                bad_keys.append(_hex(key))
-                bad_values.append(_hex(value))
-        typed = [pa.array([r[i] for r in rows], schema.field(i).type) for i in range(width)]
-        yield pa.RecordBatch.from_arrays(
-            typed
-            + [batch.column("topic"), batch.column("partition"), batch.column("offset")]
-            + [pa.array(errors, pa.string()), pa.array(bad_keys, pa.string()), pa.array(bad_values, pa.string())],
-            schema=schema,
-        )
+                bad[at] = str(exc)
+        n = len(values)
+        typed = [pa.array(col, self.schema.field(i).type) for i, col in enumerate(zip(*rows))] if rows else \
+            [pa.nulls(0, self.schema.field(i).type) for i in range(len(columns))]
+        if bad:
+            errors = [bad.get(at) for at in range(n)]
+            bad_keys = [_hex(keys[at]) if at in bad else None for at in range(n)]
+            bad_values = [_hex(values[at]) if at in bad else None for at in range(n)]
+            extra = [pa.array(errors, pa.string()), pa.array(bad_keys, pa.string()), pa.array(bad_values, pa.string())]
+        else:
+            extra = [pa.nulls(n, pa.string())] * 3
+        lineage = [pa.repeat(pa.scalar(topic, pa.string()), n), pa.repeat(pa.scalar(partition, pa.int32()), n),
+                   pa.array(offsets, pa.int64())]
+        return pa.RecordBatch.from_arrays(typed + lineage + extra, schema=self.schema)
+
+
+def parse_batches(batches: Iterator, columns: tuple[Column, ...], required: tuple[str, ...] = ()) -> Iterator:
+    """mapInArrow body: raw Kafka record batches (source.RAW_SCHEMA) -> staged rows."""
+    parser = Parser(columns, required)
+    for batch in batches:
+        if batch.num_rows:
+            if len(batch.column("partition").unique()) != 1 or len(batch.column("topic").unique()) != 1:
+                raise RuntimeError("a parse task got records of two partitions in one batch")
+            yield parser.parse(batch.column("topic")[0].as_py(), batch.column("partition")[0].as_py(),
+                               batch.column("offset").to_pylist(), batch.column("key").to_pylist(),
+                               batch.column("value").to_pylist())

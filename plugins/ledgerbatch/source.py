@@ -66,12 +66,29 @@ class KafkaRangeReader(DataSourceReader):
 
 
 def read_range(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) -> Iterator:
-    """Yield Arrow record batches of exactly the records in `rng`."""
+    """Yield Arrow record batches (RAW_SCHEMA) of exactly the records in `rng`."""
     import pyarrow as pa
-    from confluent_kafka import Consumer, TopicPartition
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(RAW_SCHEMA)
+    for offsets, keys, values in read_messages(rng, kafka_conf, stall_timeout_s):
+        n = len(offsets)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+                pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
+                pa.array(offsets, pa.int64()),
+                pa.array(keys, pa.binary()),
+                pa.array(values, pa.binary()),
+            ],
+            schema=schema,
+        )
+
+
+def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) -> Iterator[tuple[list, list, list]]:
+    """Yield (offsets, keys, values) chunks of exactly the records in `rng`."""
+    from confluent_kafka import Consumer, TopicPartition
+
     consumer = Consumer(kafka_conf)
     tp = TopicPartition(rng.topic, rng.partition, rng.from_offset)
     try:
@@ -97,16 +114,6 @@ def read_range(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) -> It
                 raise RangeReadError(f"{rng}: no progress for {stall_timeout_s:.0f}s at offset {position}")
             if offsets:
                 crash_point("mid_read")
-                n = len(offsets)
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        pa.array([rng.topic] * n, pa.string()),
-                        pa.array([rng.partition] * n, pa.int32()),
-                        pa.array(offsets, pa.int64()),
-                        pa.array(keys, pa.binary()),
-                        pa.array(values, pa.binary()),
-                    ],
-                    schema=schema,
-                )
+                yield offsets, keys, values
     finally:
         consumer.close()

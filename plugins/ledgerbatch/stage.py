@@ -99,14 +99,15 @@ def stage_ranges(ids: Iterator, ranges: list[dict], kafka: dict, stall_timeout_s
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from .parse import parse_batches
-    from .source import read_range
+    from .parse import Parser
+    from .source import read_messages
 
     schema = to_arrow_schema(COUNTS)
+    parser = Parser(columns, required)
     for id_batch in ids:
         for i in id_batch.column(0).to_pylist():
             rng = OffsetRange.from_dict(ranges[i])
-            parsed = parse_batches(read_range(rng, kafka, stall_timeout_s), columns, required)
+            parsed = (parser.parse(rng.topic, rng.partition, *chunk) for chunk in read_messages(rng, kafka, stall_timeout_s))
             topic, partition, rows, bad = copy_range(parsed, target) or (rng.topic, rng.partition, 0, 0)
             yield pa.RecordBatch.from_pylist([{"topic": topic, "partition": partition, "rows": rows, "bad": bad}],
                                              schema=schema)
