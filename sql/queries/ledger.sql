@@ -86,15 +86,6 @@ UPDATE ledger.batch_ranges SET committed = true WHERE batch_id = :batch_id;
 UPDATE ledger.batches SET status = 'committed', committed_at = now(), updated_at = now()
 WHERE batch_id = :batch_id;
 
--- name: recent_batches
-SELECT batch_id, kind, status, attempt, records_read, rows_written, rows_quarantined,
-       created_at, committed_at, error
-FROM ledger.batches WHERE pipeline = :pipeline ORDER BY batch_id DESC LIMIT :limit;
-
--- name: cursors_detail
-SELECT topic, partition, start_offset, next_offset, last_batch_id, updated_at
-FROM ledger.cursors WHERE pipeline = :pipeline ORDER BY topic, partition;
-
 -- name: known_pipelines
 SELECT DISTINCT pipeline FROM ledger.batches ORDER BY pipeline;
 
