@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -24,6 +26,16 @@ def _positive(value: str) -> int:
     return n
 
 
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {value}")
+    return x
+
+
 def _topic_arg(value: str) -> tuple[str, int]:
     name, _, partitions = value.partition(":")
     if not name or not partitions.isdigit() or int(partitions) < 1:
@@ -39,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pipeline")
     run.add_argument("--max-batches", type=_positive, metavar="N", help="stop after N committed batches")
     run.add_argument("--master", help="Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
+    run.add_argument("--follow", action="store_true",
+                     help="never stop at caught up: keep Spark warm and plan again every --idle-seconds until SIGTERM")
+    run.add_argument("--idle-seconds", type=_positive_float, default=1.0, metavar="S",
+                     help="with --follow: how long to wait before planning again when caught up (default 1)")
     status = sub.add_parser("status", help="per partition: cursor, end offset, lag, retention headroom, last batch")
     status.add_argument("pipeline", nargs="?", help="one pipeline (default: every spec in the pipelines dir)")
     status.add_argument("--json", action="store_true", help="print a JSON list of pipelines, for scripts")
@@ -117,8 +133,12 @@ def cmd_run(args, settings: Settings) -> None:
     bootstrap = settings.require_bootstrap()
     engine = _engine(settings)
     master = args.master or settings.spark_master
+    stop = threading.Event()
+    if args.follow:  # SIGTERM finishes the batch in hand, then stops: nothing to resume
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     summary = run_pipeline(engine, spec, settings.db_url, bootstrap, lambda: get_spark(master, f"ledgerbatch-{spec.name}"),
-                           max_batches=args.max_batches)
+                           max_batches=args.max_batches, follow_idle_s=args.idle_seconds if args.follow else None,
+                           stop=stop)
     rate = summary.records_read / summary.seconds if summary.seconds else 0
     print(f"{spec.name}: {summary.batches} batches committed, {summary.records_read} records read, "
           f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined in {summary.seconds:.1f}s "

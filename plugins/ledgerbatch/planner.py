@@ -43,7 +43,6 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         ranges = plan_ranges(ends, starts, spec.max_records)
         ledger.init_cursors(conn, spec.name, {tp: o for tp, o in starts.items() if tp not in cursors})
         if not ranges:
-            log.info("%s: caught up, nothing to plan", spec.name)
             return None
         batch_id = ledger.insert_batch(conn, spec.name, "live", ranges)
         batch = ledger.get_batch(conn, batch_id)

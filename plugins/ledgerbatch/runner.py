@@ -1,7 +1,13 @@
-"""The loop behind `ledgerbatch run`: plan, process, commit until caught up (or N batches)."""
+"""The loop behind `ledgerbatch run`: plan, process, commit until caught up (or N batches).
+
+With `follow_idle_s` the loop never stops at caught up: it keeps its Spark session (the driver, the
+JVM and the Python workers stay warm) and plans again every `follow_idle_s` seconds until `stop`
+is set. Fencing is unchanged: every batch still goes through the ledger's attempts and cursor CAS.
+"""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -33,15 +39,25 @@ class RunSummary:
 
 
 def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
-                 spark_factory: Callable, max_batches: int | None = None) -> RunSummary:
-    summary, started, spark = RunSummary(), time.monotonic(), None
+                 spark_factory: Callable, max_batches: int | None = None, follow_idle_s: float | None = None,
+                 stop: threading.Event | None = None) -> RunSummary:
+    summary, started, spark, idle = RunSummary(), time.monotonic(), None, False
+    stop = stop or threading.Event()
     faults.arm()
     drop_finished_staging(engine, spec.name)
-    while max_batches is None or summary.batches < max_batches:
+    while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
         phase_started = time.monotonic()
         batch = plan_next(engine, spec, bootstrap_servers)
         if batch is None:
-            break
+            if not idle:
+                log.info("%s: caught up, nothing to plan%s", spec.name,
+                         f"; following, looking again every {follow_idle_s:g}s" if follow_idle_s is not None else "")
+            if follow_idle_s is None:
+                break
+            idle = True
+            stop.wait(follow_idle_s)
+            continue
+        idle = False
         phase_event("plan", batch, time.monotonic() - phase_started)
         crash_point("after_plan")
         if batch.status != "staged":

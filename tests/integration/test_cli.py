@@ -32,6 +32,8 @@ def test_cli_errors_are_one_line(tmp_path, db_url, broker, make_pipeline):
 
     bad_arg = cli(["run", p.name, "--max-batches", "0"], db_url, broker.bootstrap_servers, p.dir)
     assert bad_arg.returncode == 2 and "must be at least 1" in bad_arg.stderr
+    bad_idle = cli(["run", p.name, "--follow", "--idle-seconds", "nan"], db_url, broker.bootstrap_servers, p.dir)
+    assert bad_idle.returncode == 2 and "--idle-seconds: must be more than 0" in bad_idle.stderr
 
 
 def test_status_shows_cursors_and_lag(engine, db_url, broker, make_pipeline):
