@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     started = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     command = "python -m bench.run " + shlex.join(sys.argv[1:] if argv is None else argv)
+    load_at_start = os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="lb_bench_"))
     broker = DevBrokerProcess({TOPIC: args.partitions, LATENCY_TOPIC: 4})
     try:
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
         drop_databases()
     results["config"] = {"records": args.records, "partitions": args.partitions, "runs": args.runs,
                          "historic": args.historic, "latency_repeats": args.latency_repeats, "command": command}
-    results["machine"] = report.machine()
+    # Other work on these shared cores skews every figure: the load shows how much there was.
+    results["machine"] = report.machine() | {"load_1min": [round(load_at_start, 2), round(os.getloadavg()[0], 2)]}
     results["targets"] = report.targets(results)
     json_path = report.write_json(results, args.out)
     args.docs.mkdir(parents=True, exist_ok=True)
