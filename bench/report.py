@@ -170,7 +170,7 @@ make bench-smoke    # python -m bench.run --records 20000 --partitions 4 --runs 
 | CPU | {m['cpu']}, {m['cores']} cores |
 | memory | {m['memory_mib']:,} MiB |
 | kernel | {m['kernel']} |
-| load average (1 min) at start / end | {m['load_1min'][0]} / {m['load_1min'][1]} (other work on the 2 cores slows every contender) |
+| load average (1 min) at start / end | {' / '.join(map(str, m.get('load_1min', ['not recorded'])))} (other work on the cores slows every contender) |
 | PostgreSQL | {m['postgresql']} (local, default settings) |
 | Python / Java | {m['python']} / {m['java']} |
 | pyspark / confluent-kafka | {m['pyspark']} / {m['confluent-kafka']} |
