@@ -91,10 +91,12 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
 
 def _stage_direct(spark, engine: Engine, spec: PipelineSpec, ranges: list[dict], kafka: dict, stall_timeout_s: float,
                   target: stage.Target, ledger_sql: dict, attempt: int) -> None:
-    """One Spark task per range reads, parses and COPYs it; only the counts come back."""
+    """Spark tasks read, parse and COPY whole ranges; only the counts come back. Two tasks per core
+    keep every core busy while sparing each range a task's start-up (Kafka and PostgreSQL connections)."""
     task = functools.partial(stage.stage_ranges, ranges=ranges, kafka=kafka, stall_timeout_s=stall_timeout_s,
                              columns=spec.columns, required=spec.key, target=target)
-    rows = spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(task, stage.COUNTS).collect()
+    tasks = min(len(ranges), 2 * spark.sparkContext.defaultParallelism)
+    rows = spark.range(0, len(ranges), 1, tasks).mapInArrow(task, stage.COUNTS).collect()
     counts = {(r.topic, r.partition): (r.rows, r.bad) for r in rows if r.rows}
     with engine.begin() as conn:
         stage.mark_staged(conn, ledger_sql, target.batch_id, attempt, target.staging, ranges, counts)

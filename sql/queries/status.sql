@@ -1,10 +1,13 @@
 -- Named queries of `ledgerbatch status` and of the planner's end-offset observations.
 
 -- name: record_end_offset
+-- Written only when the offsets moved, so an idle follower planning every second writes nothing;
+-- observed_at is when these offsets were first seen.
 INSERT INTO ledger.end_offsets (pipeline, topic, partition, log_start, end_offset, observed_at)
 VALUES (:pipeline, :topic, :partition, :log_start, :end_offset, now())
 ON CONFLICT (pipeline, topic, partition) DO UPDATE
-SET log_start = excluded.log_start, end_offset = excluded.end_offset, observed_at = excluded.observed_at;
+SET log_start = excluded.log_start, end_offset = excluded.end_offset, observed_at = excluded.observed_at
+WHERE (ledger.end_offsets.log_start, ledger.end_offsets.end_offset) IS DISTINCT FROM (excluded.log_start, excluded.end_offset);
 
 -- name: status_partitions
 -- Each cursor with the end offsets observed at the last plan and the age of its last batch's commit.

@@ -117,5 +117,5 @@ SELECT set_config('lock_timeout', :ms, true);
 -- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up), by
 -- the name of the good-rows table (drop_staging drops the bad-records table with it).
 SELECT DISTINCT regexp_replace(t.table_name, '_bad$', '') AS table_name FROM information_schema.tables t
-JOIN ledger.batches b ON t.table_name LIKE 'b' || b.batch_id || '\_a%'
+JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a')::bigint
 WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned');

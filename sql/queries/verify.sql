@@ -48,7 +48,7 @@ WHERE c.pipeline = :pipeline AND c.last_batch_id IS NOT NULL
 -- Staging tables outlive only unfinished batches.
 SELECT format('orphan staging table ledger_staging.%s (batch %s)', t.table_name, coalesce(b.status, 'unknown')) AS problem
 FROM information_schema.tables t
-LEFT JOIN ledger.batches b ON t.table_name LIKE 'b' || b.batch_id || '\_a%'
+LEFT JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a')::bigint
 WHERE t.table_schema = 'ledger_staging' AND (b.batch_id IS NULL OR b.status IN ('committed', 'abandoned'))
   AND (b.pipeline = :pipeline OR b.batch_id IS NULL);
 
