@@ -12,11 +12,10 @@ from .sqlfiles import query
 def verify(engine: Engine, spec: PipelineSpec) -> list[str]:
     """Every violation found, one line each; empty when the pipeline is consistent."""
     params = {"pipeline": spec.name}
-    names = ["verify_tiling", "verify_batches", "verify_staging"]
     with engine.connect() as conn:
         target_exists = conn.execute(text("SELECT to_regclass(:t) IS NOT NULL"),
                                      {"t": quote_table(spec.target_schema, spec.target_table)}).scalar_one()
-        problems = [row.problem for name in names for row in conn.execute(text(query(name)), params)]
+        problems = [row.problem for row in conn.execute(text(query("verify_ledger")), params)]
         if target_exists:
             target = dict(schema=spec.target_schema, table=spec.target_table)
             problems += [row.problem for row in conn.execute(text(query("verify_target_rows", **target)), params)]

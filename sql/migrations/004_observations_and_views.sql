@@ -56,6 +56,7 @@ GROUP BY c.pipeline;
 
 -- The ledger's own invariants for every pipeline, one row per violation (empty when all hold).
 -- `ledgerbatch verify PIPELINE` checks the same plus the target rows, whose table only the spec names.
+-- `ledgerbatch verify` reads this view for the ledger's part of its checks.
 CREATE OR REPLACE VIEW ledger.invariant_violations AS
 WITH tiles AS (
     SELECT pipeline, topic, partition, from_offset, until_offset FROM ledger.batch_ranges
@@ -106,7 +107,7 @@ UNION ALL
 SELECT b.pipeline, 'staging',
        'orphan staging table ledger_staging.' || t.tablename || ' (batch ' || coalesce(b.status, 'unknown') || ')'
 FROM pg_catalog.pg_tables t
-LEFT JOIN ledger.batches b ON t.tablename ~ ('^b' || b.batch_id || '_a')
+LEFT JOIN ledger.batches b ON b.batch_id = substring(t.tablename FROM '^b(\d+)_a')::bigint
 WHERE t.schemaname = 'ledger_staging' AND (b.batch_id IS NULL OR b.status IN ('committed', 'abandoned'));
 
 -- Quarantined records by reason: values in quotes and free-standing numbers (positions) are masked
