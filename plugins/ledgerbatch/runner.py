@@ -23,6 +23,7 @@ from .faults import crash_point
 from .planner import plan_next
 from .process import process_batch
 from .spec import PipelineSpec
+from .sparksession import warm_up
 from .tables import drop_finished_staging
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
     stop = stop or threading.Event()
     faults.arm()
     drop_finished_staging(engine, spec.name)
+    if follow_idle_s is not None:  # be warm before the first batch arrives
+        spark = spark_factory()
+        log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm_up(spark))
     while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
         phase_started = time.monotonic()
         batch = plan_next(engine, spec, bootstrap_servers)
