@@ -12,4 +12,4 @@ bench: setup
 
 # Reduced (what CI runs through tests/bench): leaves docs/ alone.
 bench-smoke: setup
-	$(PYTHON) -m bench.run --records 20000 --partitions 4 --runs 1 --historic 100,1000 --latency-repeats 1 --docs bench/results/smoke
+	$(PYTHON) -m bench.run --records 20000 --partitions 4 --runs 1 --historic 100,1000 --latency-repeats 1 --scaling-repeats 2 --docs bench/results/smoke

@@ -40,14 +40,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--historic", type=_sizes, default=[1_000, 100_000, 1_000_000],
                    help="historic batch counts for the scaling figure (comma-separated)")
     p.add_argument("--latency-repeats", type=int, default=3)
+    p.add_argument("--scaling-repeats", type=int, default=7, help="timed plan+commit batches per historic size")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where the JSON results go")
     p.add_argument("--docs", type=Path, default=REPO / "docs", help="where benchmarks.md and benchmarks.png go")
     return p.parse_args(argv)
 
 
 def contenders(bootstrap: str, args, workdir: Path, peer: Peer) -> dict:
-    runs: dict[str, list[dict]] = {k: [] for k in ("floor", "peer", "ledgerbatch_one", "ledgerbatch_several",
-                                                   "ledgerbatch_small_batch")}
+    runs: dict[str, list[dict]] = {k: [] for k in ("floor", "peer", "ledgerbatch_one", "ledgerbatch_warm",
+                                                   "ledgerbatch_several", "ledgerbatch_small_batch")}
     small = max(1, args.records // 10)
     for i in range(args.runs):
         print(f"run {i + 1}/{args.runs}: floor", flush=True)
@@ -57,6 +58,7 @@ def contenders(bootstrap: str, args, workdir: Path, peer: Peer) -> dict:
         print(f"run {i + 1}/{args.runs}: ledgerbatch", flush=True)
         runs["ledgerbatch_one"].append(lb.run(bootstrap, TOPIC, f"{DB_PREFIX}one", workdir, args.records)
                                        | {"batch_records": args.records})
+        runs["ledgerbatch_warm"].append(lb.run_warm(bootstrap, TOPIC, f"{DB_PREFIX}warm", workdir, args.records))
         runs["ledgerbatch_several"].append(lb.run(bootstrap, TOPIC, f"{DB_PREFIX}several", workdir, -(-args.records // 4)))
         runs["ledgerbatch_small_batch"].append(lb.run(bootstrap, TOPIC, f"{DB_PREFIX}small", workdir, small, max_batches=1)
                                                | {"batch_records": small})
@@ -71,7 +73,7 @@ def contenders(bootstrap: str, args, workdir: Path, peer: Peer) -> dict:
 
 def scaling(bootstrap: str, args, workdir: Path) -> list[dict]:
     cfg = {"bootstrap": bootstrap, "topic": TOPIC, "partitions": args.partitions, "workdir": str(workdir / "scaling"),
-           "repeats": args.latency_repeats, "historic": args.historic}
+           "repeats": args.scaling_repeats, "historic": args.historic}
     done = subprocess.run([sys.executable, "-m", "bench.scaling", json.dumps(cfg)], env=child_env(), cwd=REPO,
                           capture_output=True, text=True, timeout=7200)
     if done.returncode:
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
         drop_databases()
     results["config"] = {"records": args.records, "partitions": args.partitions, "runs": args.runs,
-                         "historic": args.historic, "latency_repeats": args.latency_repeats, "command": command}
+                         "historic": args.historic, "latency_repeats": args.latency_repeats,
+                         "scaling_repeats": args.scaling_repeats, "command": command}
     # Other work on these shared cores skews every figure: the load shows how much there was.
     results["machine"] = report.machine() | {"load_1min": [round(load_at_start, 2), round(os.getloadavg()[0], 2)]}
     results["targets"] = report.targets(results)

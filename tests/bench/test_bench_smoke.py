@@ -16,19 +16,20 @@ RECORDS = 20_000
 def test_bench_smoke_runs_every_contender_and_writes_the_report(tmp_path):
     out, docs = tmp_path / "results", tmp_path / "docs"
     done = subprocess.run([sys.executable, "-m", "bench.run", "--records", str(RECORDS), "--partitions", "4", "--runs", "1",
-                           "--historic", "100,1000", "--latency-repeats", "1", "--out", str(out), "--docs", str(docs)],
+                           "--historic", "100,1000", "--latency-repeats", "1", "--scaling-repeats", "2", "--out", str(out), "--docs", str(docs)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [result_file] = out.glob("*.json")
     r = json.loads(result_file.read_text())
     rows = {k: v["rows"] for k, v in r["contenders"].items()}
-    assert rows == {"floor": RECORDS, "peer": RECORDS, "ledgerbatch_one": RECORDS, "ledgerbatch_several": RECORDS,
-                    "ledgerbatch_small_batch": RECORDS // 10}
+    assert rows == {"floor": RECORDS, "peer": RECORDS, "ledgerbatch_one": RECORDS, "ledgerbatch_warm": RECORDS,
+                    "ledgerbatch_several": RECORDS, "ledgerbatch_small_batch": RECORDS // 10}
+    assert r["contenders"]["ledgerbatch_warm"]["batches"] == 1
     assert r["contenders"]["ledgerbatch_several"]["batches"] == 4
     assert all(v["wall_s"] > 0 and v["memory_mib"]["total"] > 0 for v in r["contenders"].values())
-    assert r["latency"]["cold"]["median_s"] > 0
+    assert r["latency"]["cold"]["median_s"] > 0 and r["latency"]["warm"]["median_s"] > 0
     assert [s["historic_batches"] for s in r["scaling"]] == [100, 1000]
     assert all(s["plan_commit_s"] > 0 for s in r["scaling"])
     doc = (docs / "benchmarks.md").read_text()
-    assert "| ledgerbatch, one batch |" in doc and "python -m bench.run --records 20000" in doc
+    assert "| ledgerbatch, one batch (warm driver: `run --follow`) |" in doc and "python -m bench.run --records 20000" in doc
     assert (docs / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
