@@ -7,7 +7,8 @@ SELECT problem FROM ledger.invariant_violations WHERE pipeline = :pipeline OR pi
 
 -- name: verify_target_rows
 -- Every target row comes from a committed batch and lies inside a committed range of this pipeline;
--- no coordinate is both delivered and quarantined.
+-- no coordinate is delivered twice (an append target is unique per batch partition only) or is both
+-- delivered and quarantined.
 SELECT format('%s target rows carry batch ids that are not committed batches of this pipeline (e.g. %s)',
               count(*), min(t._batch_id)) AS problem
 FROM {schema}.{table} t LEFT JOIN ledger.batches b ON b.batch_id = t._batch_id AND b.pipeline = :pipeline AND b.status = 'committed'
@@ -20,6 +21,11 @@ FROM {schema}.{table} t
 WHERE NOT EXISTS (SELECT 1 FROM ledger.batch_ranges r
                   WHERE r.pipeline = :pipeline AND r.committed AND r.topic = t._topic AND r.partition = t._partition
                     AND t._offset >= r.from_offset AND t._offset < r.until_offset)
+HAVING count(*) > 0
+UNION ALL
+SELECT format('%s coordinates appear more than once in the target (e.g. %s[%s] offset %s)',
+              count(*), min(d._topic), min(d._partition), min(d._offset))
+FROM (SELECT _topic, _partition, _offset FROM {schema}.{table} GROUP BY 1, 2, 3 HAVING count(*) > 1) d
 HAVING count(*) > 0
 UNION ALL
 SELECT format('%s coordinates are both in the target and in quarantine (e.g. %s[%s] offset %s)',

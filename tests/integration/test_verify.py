@@ -27,6 +27,8 @@ def test_verify_names_each_violation(engine, db_url, broker, spark, make_pipelin
          "outside every committed range"),
         (f'CREATE TABLE public."{p.table}_rogue" PARTITION OF {table} FOR VALUES IN (999999); '
          f"UPDATE {table} SET _batch_id = 999999 WHERE _offset = 2", "not committed batches of this pipeline"),
+        (f"INSERT INTO {table} SELECT order_id, customer, amount, ts, _topic, _partition, _offset, 999999 "
+         f"FROM {table} WHERE _partition = 1 AND _offset = 4", "1 coordinates appear more than once in the target"),
         ("UPDATE ledger.cursors SET next_offset = next_offset + 5 WHERE pipeline = :p AND partition = 1",
          "cursor at 15 but committed ranges end at 10"),
         ("UPDATE ledger.batch_ranges SET from_offset = from_offset + 1, records_read = least(records_read, until_offset - from_offset - 1) WHERE pipeline = :p AND partition = 0 AND from_offset = 5",
