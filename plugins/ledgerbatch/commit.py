@@ -86,10 +86,10 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
         check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
 
-        # 4. Publish the staged rows (an append target takes the staging table as the batch's
+        # 4. Publish the staged rows (an append target takes a big batch's staging table as a
         #    partition) and move bad records into quarantine.
         tables.ensure_target(conn, spec)
-        tables.publish_rows(conn, spec, batch.staging_table, batch_id, replay=batch.kind != "live")
+        tables.publish_rows(conn, spec, batch.staging_table, batch_id, recorded.rows_written, replay=batch.kind != "live")
         quarantined = tables.quarantine_rows(conn, batch.staging_table, batch_id, spec.name)
         if quarantined != recorded.rows_quarantined:
             raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")

@@ -8,6 +8,8 @@ from sqlalchemy.exc import OperationalError
 from . import ledger
 from .errors import SpecError
 from .identifiers import quote_ident
+from . import partitions
+from .partitions import Partition, plan_publish
 from .spec import PipelineSpec
 from .sqlfiles import Fragment, query
 
@@ -95,7 +97,7 @@ def staged_overlap(conn: Connection, staging: str) -> int:
     return conn.execute(text(query("staged_overlap", staging=staging, bad=bad_name(staging)))).scalar_one()
 
 
-def publish_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int, replay: bool) -> None:
+def publish_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int, rows: int, replay: bool) -> None:
     """Staged good rows into the target. A replay first removes what earlier deliveries of its ranges
     left in the target (append) and in quarantine; an upsert replay keeps newer values."""
     target = dict(schema=spec.target_schema, table=spec.target_table)
@@ -108,11 +110,24 @@ def publish_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: i
         return
     if replay:
         conn.execute(text(query("delete_target_in_ranges", **target)), {"batch_id": batch_id})
-    if conn.execute(text(query("target_is_partitioned")), target).scalar_one():
-        conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
-                                **target)), {"batch_id": batch_id})
-    else:
+    layout = conn.execute(text(query("target_layout")), target).one()
+    if not layout.partitioned:  # created before targets were partitioned
         conn.execute(text(query("insert_append", **params)))
+        return
+    existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
+    plan = plan_publish(batch_id, rows, existing, partitions.ATTACH_MIN_ROWS)
+    if not plan.attach:
+        conn.execute(text(query("insert_append", **params)))
+        return
+    if not layout.can_attach:
+        raise SpecError(f"target {spec.target_schema}.{spec.target_table}: this login may not add partitions to it: "
+                        f"it must own the table (or be a member of its owner role) and may CREATE in its schema")
+    if plan.close:
+        conn.execute(text(query("close_partition", partition=plan.close.name, **target)),
+                     {"lower": plan.close.lower, "upper": batch_id})
+    upper = Fragment("MAXVALUE" if plan.upper is None else str(int(plan.upper)))
+    conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
+                            upper=upper, **target)), {"batch_id": batch_id})
 
 
 def quarantine_rows(conn: Connection, staging: str, batch_id: int, pipeline: str) -> int:

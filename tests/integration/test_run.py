@@ -247,3 +247,25 @@ def test_brokers_down_mid_read(engine, db_url, broker, spark, make_pipeline):
     assert staged.status == "staged" and staged.records_read == 200
     commit_batch(engine, p.spec, batch.batch_id)
     assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
+
+
+def test_append_target_gains_partitions_for_big_batches_only(engine, db_url, broker, spark, make_pipeline, monkeypatch):
+    monkeypatch.setattr("ledgerbatch.partitions.ATTACH_MIN_ROWS", 30)
+    p = make_pipeline(partitions=2, batch__max_records=40)
+    # 40 (big: the first, open partition), 40 (big: closes it), 20 (small: copied into the open one)
+    acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(100)])
+    assert run(engine, db_url, broker, spark, p).batches == 3
+    acked += produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(100, 110)])
+    assert run(engine, db_url, broker, spark, p).batches == 1  # small: copied
+    assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
+    with engine.connect() as conn:
+        batches = conn.execute(text("SELECT batch_id FROM ledger.batches WHERE pipeline = :p ORDER BY 1"),
+                               {"p": p.name}).scalars().all()
+        bounds = conn.execute(text(
+            "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = to_regclass(:t) ORDER BY c.oid"), {"t": f'public."{p.table}"'}).scalars().all()
+        per_partition = conn.execute(text(f'SELECT tableoid, count(*) FROM public."{p.table}" GROUP BY 1 ORDER BY min(_batch_id)')).all()
+    first, second = batches[0], batches[1]
+    assert bounds == [f"FOR VALUES FROM ('{first}') TO ('{second}')", f"FOR VALUES FROM ('{second}') TO (MAXVALUE)"]
+    assert [n for _, n in per_partition] == [40, 70]  # the open partition holds batch 2 and the two small ones
+
