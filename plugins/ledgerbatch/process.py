@@ -11,7 +11,6 @@ import logging
 import re
 import time
 
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from . import ledger, source, stage, tables

@@ -96,6 +96,8 @@ def parse_spec(doc: object) -> PipelineSpec:
     kafka_options = _mapping(source.get("kafka", {}), "source.kafka", None)
 
     target_schema, target_table = qualified(_required(target, "table", "target"), "target.table")
+    if target_schema in ("ledger", "ledger_staging"):  # ledgerbatch creates and drops tables there
+        raise SpecError(f"target.table: schema {target_schema!r} belongs to ledgerbatch; choose another")
     mode = _choice(target.get("mode", "append"), "target.mode", ("append", "upsert"))
     key = target.get("key", [])
     if isinstance(key, str):

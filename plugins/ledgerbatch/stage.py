@@ -1,8 +1,8 @@
 """Staging: COPY each offset range's parsed rows into the attempt's staging tables.
 
 Good rows go to `bN_aM` in the target's shape (an append commit attaches that table as the batch's
-partition), bad records to `bN_aM_bad`. Each task holds exactly one range and replaces that range's
-rows in one transaction, so a retried task never duplicates. Once every task has succeeded, the
+partition), bad records to `bN_aM_bad`. Each range is staged in one transaction that first deletes
+what an earlier try of it left, so a retried task never duplicates. Once every task has succeeded, the
 driver marks the batch `staged` with the counts, only if this attempt still owns the batch.
 
 Two ways in: `stage_ranges` reads, parses and stages whole ranges inside one Python task (no round
@@ -51,7 +51,7 @@ def copy_range(batches: Iterator, target: Target) -> tuple[str, int, int, int] |
 
     batches = (b for b in batches if b.num_rows)
     first = next(batches, None)
-    if first is None:
+    if first is None:  # an immutable log gives a retry the same records: nothing to replace
         return None
     topic, partition = first.column("_topic")[0].as_py(), first.column("_partition")[0].as_py()
     rows = bad = 0
@@ -175,6 +175,8 @@ class StagingWriter(DataSourceArrowWriter):
         for message in messages:
             for key, (rows, bad) in (message.counts if message else {}).items():
                 topic, partition = key.split("\t")
+                if (topic, int(partition)) in counts:  # two tasks replaced each other's rows of one range
+                    raise RuntimeError(f"{topic}[{partition}] was staged by two tasks: staged result discarded")
                 counts[(topic, int(partition))] = (rows, bad)
         engine = create_engine(self.options["db_url"], poolclass=NullPool)
         try:

@@ -85,6 +85,12 @@ def ensure_target(conn: Connection, spec: PipelineSpec) -> None:
         raise SpecError(f"target table {spec.target_schema}.{spec.target_table} disagrees with the spec: {'; '.join(problems)}")
 
 
+def staging_complete(conn: Connection, staging: str) -> bool:
+    """Both staging tables exist and the good rows carry their batch id (an earlier version staged
+    into one table without it)."""
+    return conn.execute(text(query("staging_complete")), {"staging": staging, "bad": bad_name(staging)}).scalar_one()
+
+
 def lock_staging(conn: Connection, staging: str) -> None:
     conn.execute(text(query("lock_staging", staging=staging, bad=bad_name(staging))))
 

@@ -1,7 +1,8 @@
 -- Operations: end offsets observed at plan time, and inspection views over the ledger.
 
 -- The log start and read_committed end of each partition as the planner last saw them, so that
--- lag can be read with SQL without asking Kafka. One row per partition, overwritten by every plan.
+-- lag can be read with SQL without asking Kafka. One row per partition, rewritten by a plan that
+-- sees the offsets moved (observed_at: when these offsets were first seen).
 -- No checks on the offsets: a record of what the broker said must never fail a plan.
 CREATE TABLE IF NOT EXISTS ledger.end_offsets (
     pipeline    text        NOT NULL,
@@ -107,7 +108,7 @@ UNION ALL
 SELECT b.pipeline, 'staging',
        'orphan staging table ledger_staging.' || t.tablename || ' (batch ' || coalesce(b.status, 'unknown') || ')'
 FROM pg_catalog.pg_tables t
-LEFT JOIN ledger.batches b ON b.batch_id = substring(t.tablename FROM '^b(\d+)_a')::bigint
+LEFT JOIN ledger.batches b ON b.batch_id = substring(t.tablename FROM '^b(\d+)_a\d+(_bad)?$')::bigint
 WHERE t.schemaname = 'ledger_staging' AND (b.batch_id IS NULL OR b.status IN ('committed', 'abandoned'));
 
 -- Quarantined records by reason: values in quotes and free-standing numbers (positions) are masked

@@ -38,6 +38,11 @@ COPY ledger_staging.{bad} (_topic, _partition, _offset, _error, _key, _value) FR
 -- Executors (psycopg2): one writer per staging table and partition at a time.
 SELECT pg_advisory_xact_lock(hashtext(%(lock)s));
 
+-- name: staging_complete
+SELECT to_regclass('ledger_staging.' || quote_ident(:bad)) IS NOT NULL
+   AND EXISTS (SELECT 1 FROM information_schema.columns
+               WHERE table_schema = 'ledger_staging' AND table_name = :staging AND column_name = '_batch_id');
+
 -- name: lock_staging
 -- The commit shuts out any straggling writer of the attempt before it counts and moves the rows.
 LOCK TABLE ledger_staging.{staging}, ledger_staging.{bad} IN ACCESS EXCLUSIVE MODE;
@@ -138,5 +143,5 @@ SELECT set_config('lock_timeout', :ms, true);
 -- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up), by
 -- the name of the good-rows table (drop_staging drops the bad-records table with it).
 SELECT DISTINCT regexp_replace(t.table_name, '_bad$', '') AS table_name FROM information_schema.tables t
-JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a')::bigint
+JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a\d+(_bad)?$')::bigint
 WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned');

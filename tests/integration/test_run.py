@@ -8,10 +8,11 @@ from sqlalchemy import text
 
 from ledgerbatch import ledger
 from ledgerbatch.commit import commit_batch
-from ledgerbatch.errors import BatchFailedError, DataLossError, FencedError, LedgerbatchError
+from ledgerbatch.errors import BatchFailedError, DataLossError, FencedError, LedgerbatchError, ReconcileError
 from ledgerbatch.planner import plan_next
 from ledgerbatch.process import process_batch
 from ledgerbatch.runner import run_pipeline
+from ledgerbatch.sqlfiles import query
 
 from .helpers import assert_exactly_once, end_offsets, order_value, produce
 
@@ -269,3 +270,20 @@ def test_append_target_gains_partitions_for_big_batches_only(engine, db_url, bro
     assert bounds == [f"FOR VALUES FROM ('{first}') TO ('{second}')", f"FOR VALUES FROM ('{second}') TO (MAXVALUE)"]
     assert [n for _, n in per_partition] == [40, 70]  # the open partition holds batch 2 and the two small ones
 
+
+
+def test_batch_staged_by_an_earlier_version_is_staged_again(engine, db_url, broker, spark, make_pipeline):
+    p = make_pipeline(partitions=2)
+    acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
+    batch = plan_next(engine, p.spec, broker.bootstrap_servers)
+    with engine.begin() as conn:  # the earlier shape: one unlogged table, bad records flagged by _error
+        attempt = ledger.begin_attempt(conn, batch.batch_id)
+        staging = f"b{batch.batch_id}_a{attempt}"
+        conn.execute(text(f'CREATE UNLOGGED TABLE ledger_staging."{staging}" '
+                          "(order_id text, _topic text, _partition int, _offset bigint, _error text)"))
+        conn.execute(text(query("mark_staged")), {"batch_id": batch.batch_id, "attempt": attempt, "staging_table": staging,
+                                                  "records_read": 20, "rows_written": 20, "rows_quarantined": 0})
+    with pytest.raises(ReconcileError, match="earlier ledgerbatch"):
+        commit_batch(engine, p.spec, batch.batch_id)
+    assert run(engine, db_url, broker, spark, p).batches == 1
+    assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())

@@ -34,6 +34,8 @@ def test_design_minimal_spec_is_accepted():
 @pytest.mark.parametrize("changes, message", [
     ({"target__table": "x; DROP TABLE y"}, "not a valid identifier"),
     ({"target__table": "a.b.c"}, "must be `table` or `schema.table`"),
+    ({"target__table": "ledger_staging.b2_archive"}, "schema 'ledger_staging' belongs to ledgerbatch"),
+    ({"target__table": "ledger.orders"}, "schema 'ledger' belongs to ledgerbatch"),
     ({"source__schema": "id STRING, id INT"}, "appears twice"),
     ({"source__schema": "`x; drop` STRING"}, "not a valid identifier"),
     ({"source__schema": "id MAP<STRING,INT>"}, "is not supported"),
