@@ -15,6 +15,8 @@ from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from ledgerbatch import demo
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "plugins"))
@@ -33,12 +35,7 @@ def child_env(**extra: str) -> dict[str, str]:
 def fresh_database(name: str) -> str:
     """Drop and create database `name` (always prefixed lb_bench_) on the server; returns its URL."""
     assert name.startswith(DB_PREFIX), name
-    admin = create_engine(make_url(SERVER_URL).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return make_url(SERVER_URL).set(database=name).render_as_string(hide_password=False)
+    return demo.fresh_database(SERVER_URL, name)
 
 
 def libpq(url: str) -> str:
