@@ -76,8 +76,9 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         # 3. Shut out any straggling writer of this attempt, then reconcile what the ledger recorded
         #    with what staging holds (each staging table is unique on the coordinates).
         if not tables.staging_complete(conn, batch.staging_table):
-            raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} is not in this "
-                                 f"version's shape (staged by an earlier ledgerbatch?): the next run stages it again")
+            raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} is missing or not in this "
+                                 f"version's shape (dropped, or staged by an earlier ledgerbatch): the next run stages "
+                                 f"it again")
         tables.lock_staging(conn, batch.staging_table)
         staged = tables.staged_counts(conn, batch.staging_table)
         if tables.staged_overlap(conn, batch.staging_table):
