@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from ledgerbatch import demo
+from ledgerbatch import demo, kafka
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -73,17 +72,14 @@ class DevBrokerProcess:
             self.proc.wait(10)
 
 
-def watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-meta", "log_level": 3})
-    try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in range(partitions)}
-    finally:
-        c.close()
+def watermarks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """(log start, end) of each partition of `topic`, as the planner sees them."""
+    return {p: (wm.low, wm.high) for (_, p), wm in kafka.watermarks(bootstrap, (topic,)).items()}
 
 
-def check_retained(bootstrap: str, topic: str, partitions: int, expected: int) -> None:
+def check_retained(bootstrap: str, topic: str, expected: int) -> None:
     """Every produced record must still be in the log from offset 0, or the contenders compare nothing."""
-    marks = watermarks(bootstrap, topic, partitions)
+    marks = watermarks(bootstrap, topic)
     low = {p: lo for p, (lo, _) in marks.items() if lo != 0}
     retained = sum(hi - lo for lo, hi in marks.values())
     if low or retained != expected:

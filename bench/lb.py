@@ -51,21 +51,36 @@ def migrate(env: dict) -> None:
     run_measured([str(BIN / "ledgerbatch"), "migrate"], env)
 
 
-def run(bootstrap: str, topic: str, db_name: str, workdir: Path, max_records: int, max_batches: int | None = None) -> dict:
-    """One `ledgerbatch run` into a fresh database; wall, memory by role, rows and the phase split."""
-    name = "bench_orders"
+NAME = "bench_orders"
+
+
+def _prepare(bootstrap: str, topic: str, db_name: str, workdir: Path, max_records: int) -> tuple[str, str, dict]:
+    """A fresh database with the ledger migrated and a spec of batches of `max_records`: (url, table, env)."""
     url = fresh_database(db_name)
-    table = write_spec(workdir / db_name, name, topic, max_records)
+    table = write_spec(workdir / db_name, NAME, topic, max_records)
     env = env_for(url, bootstrap, workdir / db_name)
     migrate(env)
-    args = [str(BIN / "ledgerbatch"), "run", name] + (["--max-batches", str(max_batches)] if max_batches else [])
+    return url, table, env
+
+
+def _phase_seconds(events: list[dict]) -> dict:
+    return {p: sum(e["seconds"] for e in events if e.get("phase") == p) for p in ("plan", "process", "commit")}
+
+
+def _committed_batches(url: str) -> int:
+    return scalar(url, "SELECT count(*) FROM ledger.batches WHERE status = 'committed'")
+
+
+def run(bootstrap: str, topic: str, db_name: str, workdir: Path, max_records: int, max_batches: int | None = None) -> dict:
+    """One `ledgerbatch run` into a fresh database; wall, memory by role, rows and the phase split."""
+    url, table, env = _prepare(bootstrap, topic, db_name, workdir, max_records)
+    args = [str(BIN / "ledgerbatch"), "run", NAME] + (["--max-batches", str(max_batches)] if max_batches else [])
     wall, peaks, _, err = run_measured(args, env)
     events = phases(err)
-    by_phase = {p: sum(e["seconds"] for e in events if e.get("phase") == p) for p in ("plan", "process", "commit")}
+    by_phase = _phase_seconds(events)
     commits = [e for e in events if e.get("phase") == "commit"]
     return {
-        "wall_s": wall, "rows": count_rows(url, table), "memory_mib": peaks.mib(),
-        "batches": scalar(url, "SELECT count(*) FROM ledger.batches WHERE status = 'committed'"),
+        "wall_s": wall, "rows": count_rows(url, table), "memory_mib": peaks.mib(), "batches": _committed_batches(url),
         # No phase lines (an older ledgerbatch): no split, never a made-up one.
         "phase_s": by_phase if events else None,
         "commit_share": by_phase["commit"] / wall if commits else None,
@@ -75,13 +90,9 @@ def run(bootstrap: str, topic: str, db_name: str, workdir: Path, max_records: in
 def run_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: int, timeout: float = 1800) -> dict:
     """The same one batch on a warm driver: `ledgerbatch run --follow` starts Spark and its Python workers
     before it plans, so the batch's plan + process + commit (its phase lines) carry no start-up."""
-    name = "bench_orders"
-    url = fresh_database(db_name)
-    table = write_spec(workdir / db_name, name, topic, records)
-    env = env_for(url, bootstrap, workdir / db_name)
-    migrate(env)
+    url, table, env = _prepare(bootstrap, topic, db_name, workdir, records)
     log = workdir / db_name / "follower.log"
-    proc = subprocess.Popen([str(BIN / "ledgerbatch"), "run", name, "--follow", "--idle-seconds", "0.2"], env=env,
+    proc = subprocess.Popen([str(BIN / "ledgerbatch"), "run", NAME, "--follow", "--idle-seconds", "0.2"], env=env,
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True)
     try:
         with TreeSampler([proc.pid]) as sampler:
@@ -98,11 +109,9 @@ def run_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: i
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    events = phases(log.read_text())
-    by_phase = {p: sum(e["seconds"] for e in events if e.get("phase") == p) for p in ("plan", "process", "commit")}
+    by_phase = _phase_seconds(phases(log.read_text()))
     wall = sum(by_phase.values())
     return {
-        "wall_s": wall, "rows": count_rows(url, table), "memory_mib": sampler.peaks.mib(),
-        "batches": scalar(url, "SELECT count(*) FROM ledger.batches WHERE status = 'committed'"),
+        "wall_s": wall, "rows": count_rows(url, table), "memory_mib": sampler.peaks.mib(), "batches": _committed_batches(url),
         "phase_s": by_phase, "commit_share": by_phase["commit"] / wall, "batch_records": records,
     }

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         print(f"dev broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
-        check_retained(broker.bootstrap, TOPIC, args.partitions, args.records)
+        check_retained(broker.bootstrap, TOPIC, args.records)
         peer = Peer(broker.bootstrap, TOPIC, args.records)
         try:
             results = {"started": started, "contenders": contenders(broker.bootstrap, args, workdir, peer)}

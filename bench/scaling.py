@@ -59,7 +59,7 @@ DROP TABLE historic;
 
 
 def one_size(spark, n: int, bootstrap: str, topic: str, partitions: int, workdir: Path, repeats: int) -> dict:
-    highs = [hi for _, (_, hi) in sorted(watermarks(bootstrap, topic, partitions).items())]
+    highs = [hi for _, (_, hi) in sorted(watermarks(bootstrap, topic).items())]
     if not partitions <= n <= min(highs) * partitions:
         raise SystemExit(f"scaling: {n} historic batches need {partitions} to {min(highs) * partitions} offsets' worth")
     url = fresh_database("lb_bench_scale")
