@@ -117,12 +117,11 @@ def publish_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: i
     if replay:
         conn.execute(text(query("delete_target_in_ranges", **target)), {"batch_id": batch_id})
     layout = conn.execute(text(query("target_layout")), target).one()
-    if not layout.partitioned:  # created before targets were partitioned
-        conn.execute(text(query("insert_append", **params)))
-        return
-    existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
-    plan = plan_publish(batch_id, rows, existing, partitions.ATTACH_MIN_ROWS)
-    if not plan.attach:
+    plan = None  # a target created before targets were partitioned only takes copies
+    if layout.partitioned:
+        existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
+        plan = plan_publish(batch_id, rows, existing, partitions.ATTACH_MIN_ROWS)
+    if plan is None or not plan.attach:
         conn.execute(text(query("insert_append", **params)))
         return
     if not layout.can_attach:
