@@ -14,7 +14,7 @@ import psutil
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from ledgerbatch import demo, kafka
+from ledgerbatch import db, kafka
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -34,7 +34,7 @@ def child_env(**extra: str) -> dict[str, str]:
 def fresh_database(name: str) -> str:
     """Drop and create database `name` (always prefixed lb_bench_) on the server; returns its URL."""
     assert name.startswith(DB_PREFIX), name
-    return demo.fresh_database(SERVER_URL, name)
+    return db.fresh_database(SERVER_URL, name)
 
 
 def libpq(url: str) -> str:

@@ -32,20 +32,11 @@ os.environ.update({
 @pytest.fixture(scope="session")
 def db_url() -> str:
     """A fresh, migrated ledger database on the configured server."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
     from ledgerbatch.config import Settings
-    from ledgerbatch.db import make_engine
+    from ledgerbatch.db import fresh_database, make_engine
     from ledgerbatch.migrate import migrate
 
-    server = Settings.from_env().db_url
-    admin = create_engine(make_url(server).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{TEST_DB}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{TEST_DB}"'))
-    admin.dispose()
-    url = make_url(server).set(database=TEST_DB).render_as_string(hide_password=False)
+    url = fresh_database(Settings.from_env().db_url, TEST_DB)
     engine = make_engine(url)
     migrate(engine)
     engine.dispose()

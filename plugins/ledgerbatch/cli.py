@@ -148,10 +148,8 @@ def cmd_run(args, settings: Settings) -> None:
 def cmd_status(args, settings: Settings) -> None:
     import json
 
-    from sqlalchemy import text
-
+    from . import ledger
     from .spec import list_specs, with_kafka_options
-    from .sqlfiles import query
     from .status import pipeline_status, render
 
     engine = _engine(settings)
@@ -160,7 +158,7 @@ def cmd_status(args, settings: Settings) -> None:
     else:
         specs = [with_kafka_options(s, settings.kafka_options) for s in list_specs(settings.pipelines_dir)]
         with engine.connect() as conn:
-            known = [r.pipeline for r in conn.execute(text(query("known_pipelines")))]
+            known = ledger.known_pipelines(conn)
         missing = sorted(set(known) - {s.name for s in specs})
         if missing:  # stderr: stdout stays valid JSON with --json
             print(f"(pipelines in the ledger without a spec in {settings.pipelines_dir}: {', '.join(missing)})",

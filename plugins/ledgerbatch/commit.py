@@ -15,9 +15,10 @@ from sqlalchemy.engine import Engine
 from . import ledger, tables
 from .errors import FencedError, LedgerbatchError, ReconcileError
 from .faults import crash_point, terminate_point
-from .replay import check_range
+from .modes import mode_for
 from .reconcile import Counts, check_error_budget, reconcile, reconcile_ranges
 from .spec import PipelineSpec
+from .states import BatchKind, BatchStatus, RangeRefused
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +50,17 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         batch = ledger.get_batch(conn, batch_id, for_update=True)
         if batch.pipeline != spec.name:
             raise LedgerbatchError(f"batch {batch_id} belongs to pipeline {batch.pipeline}, not {spec.name}")
-        if batch.status == "committed":
+        if batch.status == BatchStatus.COMMITTED:
             log.info("batch %d is already committed: nothing to do", batch_id)
             return CommitResult(batch_id, True, batch.rows_written, batch.rows_quarantined, time.monotonic() - started)
-        if batch.status != "staged":
+        if batch.status != BatchStatus.STAGED:
             raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged: process it first")
         if attempt is not None and batch.attempt != attempt:
             raise FencedError(f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} owns the batch")
 
         # 2. Live: compare-and-set every cursor from `from` to `until`.
         #    Replay/backfill: the cursors stay; each range must still be what it was planned as.
-        if batch.kind == "live":
+        if batch.kind == BatchKind.LIVE:
             for r in batch.ranges:
                 if not ledger.advance_cursor(conn, spec.name, batch_id, r):
                     raise FencedError(f"batch {batch_id}: cursor of {r.topic}[{r.partition}] is no longer at {r.from_offset}: fenced")
@@ -67,8 +68,8 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             ledger.lock_pipeline(conn, spec.name)
             for r in batch.ranges:
                 try:
-                    kind = check_range(conn, spec.name, r)
-                except LedgerbatchError as exc:
+                    kind = ledger.range_kind(conn, spec.name, r)
+                except RangeRefused as exc:
                     raise FencedError(f"batch {batch_id}: {exc}") from None
                 if kind != batch.kind:
                     raise FencedError(f"batch {batch_id}: {r} is now a {kind}, not a {batch.kind}: fenced")
@@ -90,11 +91,15 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
         check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
 
-        # 4. Publish the staged rows (an append target takes a big batch's staging table as a
-        #    partition) and move bad records into quarantine.
-        tables.ensure_target(conn, spec)
-        tables.publish_rows(conn, spec, batch.staging_table, batch_id, recorded.rows_written, replay=batch.kind != "live")
-        quarantined = tables.quarantine_rows(conn, batch.staging_table, batch_id, spec.name)
+        # 4. Publish the staged rows through the target mode (an append target takes a big batch's
+        #    staging table as a partition) and move bad records into quarantine; a replay first
+        #    clears what earlier deliveries of its ranges quarantined.
+        mode = mode_for(spec)
+        mode.ensure_target(conn, spec)
+        mode.publish(conn, spec, batch)
+        if batch.kind != BatchKind.LIVE:
+            ledger.clear_quarantine(conn, batch_id)
+        quarantined = ledger.quarantine_staged(conn, tables.bad_name(batch.staging_table), batch_id, spec.name)
         if quarantined != recorded.rows_quarantined:
             raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
 

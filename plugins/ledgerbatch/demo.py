@@ -10,23 +10,22 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
 
+from . import ledger
 from .config import Settings, safe_url
-from .db import make_engine
+from .db import fresh_database, make_engine
+from .sqlfiles import query
 from .demodata import produce_orders
 from .devbroker import DevBroker
 from .migrate import migrate
 
 DEMO_DB = "ledgerbatch_demo"
 TOPIC = "orders"
-REPORT = {
-    "target rows": "SELECT count(*) AS rows, count(DISTINCT (_topic, _partition, _offset)) AS distinct_coordinates FROM public.orders",
-    "quarantine by reason": "SELECT error, count(*) FROM ledger.quarantine GROUP BY error ORDER BY 2 DESC, 1",
-    "batches": "SELECT batch_id, kind, status, attempt, records_read, rows_written, rows_quarantined, committed_at - created_at AS took FROM ledger.batches ORDER BY batch_id",
-    "cursors": "SELECT topic, count(*) AS partitions, sum(next_offset) AS delivered_offsets FROM ledger.cursors GROUP BY topic",
-}
+PIPELINE = "orders"  # pipelines/orders.yaml
+REPORT = {"quarantine by reason": "report_quarantine_by_reason", "batches": "report_batches",
+          "cursors": "report_cursors"}  # named queries in sql/queries/ledger_status.sql
 
 
 @dataclass
@@ -36,17 +35,6 @@ class DemoSetup:
     broker: DevBroker
     good: int
     bad: int
-
-
-def fresh_database(server_url: str, name: str) -> str:
-    """Drop and create database `name` on the server of `server_url`; returns its URL."""
-    make_engine(server_url).dispose()  # a clear error when the server is not reachable
-    admin = create_engine(make_url(server_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
 
 
 def prepare(settings: Settings, records: int, partitions: int) -> DemoSetup:
@@ -64,15 +52,17 @@ def prepare(settings: Settings, records: int, partitions: int) -> DemoSetup:
 
 def report(setup: DemoSetup) -> bool:
     with setup.engine.connect() as conn:
-        for title, sql in REPORT.items():
-            result = conn.execute(text(sql))
+        target_sql = query("count_rows", schema="public", table=PIPELINE)
+        reports = [("target rows", target_sql, conn.execute(text(target_sql)))]
+        reports += [(title, *ledger.report(conn, name)) for title, name in REPORT.items()]
+        for title, sql, result in reports:
             print(f"-- {title}: {sql}")
             print("   " + " | ".join(result.keys()))
             for row in result:
                 print("   " + " | ".join(str(v) for v in row))
             print()
-        rows = conn.execute(text("SELECT count(*) FROM public.orders")).scalar_one()
-        quarantined = conn.execute(text("SELECT count(*) FROM ledger.quarantine")).scalar_one()
+        rows = conn.execute(text(target_sql)).one().rows
+        quarantined = ledger.quarantined_count(conn, PIPELINE)
     ok = (rows, quarantined) == (setup.good, setup.bad)
     print("OK: every valid order delivered once, every bad record quarantined once." if ok else
           f"MISMATCH: {rows} rows and {quarantined} quarantined, expected {setup.good} and {setup.bad}.")
@@ -87,7 +77,7 @@ def run_without_airflow(settings: Settings, records: int, partitions: int) -> No
     setup = prepare(settings, records, partitions)
     try:
         started = time.monotonic()
-        summary = run_pipeline(setup.engine, settings.spec("orders"), setup.db_url, setup.broker.bootstrap_servers,
+        summary = run_pipeline(setup.engine, settings.spec(PIPELINE), setup.db_url, setup.broker.bootstrap_servers,
                                lambda: get_spark(settings.spark_master, "ledgerbatch-demo"))
         print(f"\nledgerbatch run orders: {summary.batches} batches, {summary.records_read} records read, "
               f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined "

@@ -27,3 +27,9 @@ class DataLossError(LedgerbatchError):
 
 class BatchFailedError(LedgerbatchError):
     """Processing a batch failed; the ledger records why and the batch stays unfinished."""
+
+
+# Markers that cross Spark as text: a Python worker's exception reaches the driver only as its message,
+# so the raiser writes the marker and process.process_batch looks for it.
+FENCED = "no longer owns the batch"
+OFFSETS_LOST = "offsets are no longer in Kafka"

@@ -28,6 +28,3 @@ def qualified(table: str, what: str = "table") -> tuple[str, str]:
         raise SpecError(f"{what} {table!r} must be `table` or `schema.table`")
     return check_ident(parts[0], f"{what} schema"), check_ident(parts[1], f"{what} name")
 
-
-def quote_table(schema: str, name: str) -> str:
-    return f"{quote_ident(schema)}.{quote_ident(name)}"

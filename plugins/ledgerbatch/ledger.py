@@ -1,4 +1,5 @@
-"""Ledger access: every read and write of the `ledger` schema goes through here (queries in sql/queries)."""
+"""Ledger access: the one door to the `ledger` schema. Every read and write of it goes through here
+(queries in sql/queries/ledger*.sql); the rest of the package sees typed values."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,17 +7,19 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from .errors import FencedError, LedgerbatchError
-from .ranges import OffsetRange, TopicPartition
+from .errors import FENCED, FencedError, LedgerbatchError
+from .ranges import OffsetRange, TopicPartition, Watermarks
 from .sqlfiles import query
+from .states import BatchKind, BatchStatus, RangeRefused, classify
+from .statements import StagedMarkStatements
 
 
 @dataclass(frozen=True)
 class Batch:
     batch_id: int
     pipeline: str
-    kind: str
-    status: str
+    kind: BatchKind
+    status: BatchStatus
     attempt: int
     staging_table: str | None
     records_read: int | None
@@ -31,9 +34,33 @@ class Batch:
         return sum(r.span for r in self.ranges)
 
 
-def _run(conn: Connection, name: str, params: dict | None = None, **identifiers):
+def _run(conn: Connection, name: str, params: dict | list | None = None, **identifiers):
     return conn.execute(text(query(name, **identifiers)), params or {})
 
+
+# -- migrations' own bookkeeping (ledger.schema_migrations)
+
+def bootstrap(conn: Connection) -> None:
+    """The ledger schema and its migrations table, under the migration lock."""
+    _run(conn, "migration_lock")
+    conn.exec_driver_sql(query("bootstrap"))
+
+
+def lock_migrations(conn: Connection) -> None:
+    _run(conn, "migration_lock")
+
+
+def applied_migrations(conn: Connection) -> set[int]:
+    if not _run(conn, "ledger_exists").scalar_one():
+        return set()
+    return {row.version for row in _run(conn, "applied_migrations")}
+
+
+def record_migration(conn: Connection, version: int, name: str) -> None:
+    _run(conn, "record_migration", {"version": version, "name": name})
+
+
+# -- batches and ranges
 
 def lock_pipeline(conn: Connection, pipeline: str) -> None:
     """Serialises planners of one pipeline for the rest of the transaction."""
@@ -51,28 +78,19 @@ def get_batch(conn: Connection, batch_id: int, for_update: bool = False) -> Batc
         raise LedgerbatchError(f"batch {batch_id} does not exist in ledger.batches")
     ranges = _run(conn, "get_ranges", {"batch_id": batch_id}).all()
     return Batch(
-        batch_id=row.batch_id, pipeline=row.pipeline, kind=row.kind, status=row.status, attempt=row.attempt,
-        staging_table=row.staging_table, records_read=row.records_read, rows_written=row.rows_written,
-        rows_quarantined=row.rows_quarantined, error=row.error,
+        batch_id=row.batch_id, pipeline=row.pipeline, kind=BatchKind(row.kind), status=BatchStatus(row.status),
+        attempt=row.attempt, staging_table=row.staging_table, records_read=row.records_read,
+        rows_written=row.rows_written, rows_quarantined=row.rows_quarantined, error=row.error,
         ranges=tuple(OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset) for r in ranges),
         range_counts={(r.topic, r.partition): r.records_read for r in ranges},
     )
 
 
-def cursors(conn: Connection, pipeline: str) -> dict[TopicPartition, int]:
-    return {(r.topic, r.partition): r.next_offset for r in _run(conn, "get_cursors", {"pipeline": pipeline})}
-
-
-def init_cursors(conn: Connection, pipeline: str, starts: dict[TopicPartition, int]) -> None:
-    for (topic, partition), offset in sorted(starts.items()):
-        _run(conn, "init_cursor", {"pipeline": pipeline, "topic": topic, "partition": partition, "offset": offset})
-
-
-def insert_batch(conn: Connection, pipeline: str, kind: str, ranges: list[OffsetRange]) -> int:
-    batch_id = _run(conn, "insert_batch", {"pipeline": pipeline, "kind": kind}).scalar_one()
+def insert_batch(conn: Connection, pipeline: str, kind: BatchKind, ranges: list[OffsetRange]) -> int:
+    batch_id = _run(conn, "insert_batch", {"pipeline": pipeline, "kind": kind.value}).scalar_one()
     for r in ranges:
         _run(conn, "insert_range", {
-            "batch_id": batch_id, "pipeline": pipeline, "kind": kind, "topic": r.topic,
+            "batch_id": batch_id, "pipeline": pipeline, "kind": kind.value, "topic": r.topic,
             "partition": r.partition, "from_offset": r.from_offset, "until_offset": r.until_offset,
         })
     return batch_id
@@ -87,9 +105,60 @@ def begin_attempt(conn: Connection, batch_id: int) -> int:
     return attempt
 
 
+def staged_mark_statements() -> StagedMarkStatements:
+    return StagedMarkStatements(query("mark_staged"), query("set_range_count"))
+
+
+def mark_staged(conn: Connection, batch_id: int, attempt: int, staging: str, ranges: tuple[OffsetRange, ...],
+                counts: dict[TopicPartition, tuple[int, int]], statements: StagedMarkStatements | None = None) -> None:
+    """Record the staged counts (rows, bad) per range, fenced by attempt: a superseded attempt's result
+    is refused. `statements` come with a staging job whose writer may run without sql/."""
+    sql = statements or staged_mark_statements()
+    records = sum(r for r, _ in counts.values())
+    bad = sum(b for _, b in counts.values())
+    marked = conn.execute(text(sql.mark), {
+        "batch_id": batch_id, "attempt": attempt, "staging_table": staging, "records_read": records,
+        "rows_written": records - bad, "rows_quarantined": bad,
+    }).rowcount
+    if marked != 1:
+        raise FencedError(f"batch {batch_id} attempt {attempt} {FENCED}: staged result discarded")
+    counts = dict(counts)
+    for r in ranges:
+        rows, _ = counts.pop(r.topic_partition, (0, 0))
+        conn.execute(text(sql.set_count), {"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
+                                           "records_read": rows})
+    if counts:
+        raise LedgerbatchError(f"rows staged for partitions outside the batch: {sorted(counts)}")
+
+
 def mark_failed(conn: Connection, batch_id: int, attempt: int, error: str) -> bool:
     """Record why an attempt failed; false when a newer attempt already owns the batch."""
     return _run(conn, "mark_failed", {"batch_id": batch_id, "attempt": attempt, "error": error[:4000]}).rowcount == 1
+
+
+def mark_abandoned(conn: Connection, batch_id: int, reason: str) -> None:
+    """An unfinished batch that will never commit (a dry run, ranges lost from Kafka)."""
+    _run(conn, "mark_abandoned", {"batch_id": batch_id, "reason": reason})
+
+
+def mark_committed(conn: Connection, batch_id: int) -> None:
+    _run(conn, "mark_ranges_committed", {"batch_id": batch_id})
+    _run(conn, "mark_committed", {"batch_id": batch_id})
+
+
+def known_pipelines(conn: Connection) -> list[str]:
+    return [r.pipeline for r in _run(conn, "known_pipelines")]
+
+
+# -- cursors and what Kafka said
+
+def cursors(conn: Connection, pipeline: str) -> dict[TopicPartition, int]:
+    return {(r.topic, r.partition): r.next_offset for r in _run(conn, "get_cursors", {"pipeline": pipeline})}
+
+
+def init_cursors(conn: Connection, pipeline: str, starts: dict[TopicPartition, int]) -> None:
+    for (topic, partition), offset in sorted(starts.items()):
+        _run(conn, "init_cursor", {"pipeline": pipeline, "topic": topic, "partition": partition, "offset": offset})
 
 
 def advance_cursor(conn: Connection, pipeline: str, batch_id: int, r: OffsetRange) -> bool:
@@ -100,10 +169,87 @@ def advance_cursor(conn: Connection, pipeline: str, batch_id: int, r: OffsetRang
     }).rowcount == 1
 
 
-def mark_committed(conn: Connection, batch_id: int) -> None:
-    _run(conn, "mark_ranges_committed", {"batch_id": batch_id})
-    _run(conn, "mark_committed", {"batch_id": batch_id})
+def record_end_offsets(conn: Connection, pipeline: str, ends: dict[TopicPartition, Watermarks]) -> None:
+    """Keep what Kafka said at this plan: `ledger.partition_lag` and `status` read lag from it without Kafka."""
+    if ends:
+        _run(conn, "record_end_offset", [
+            {"pipeline": pipeline, "topic": topic, "partition": partition, "log_start": wm.low, "end_offset": wm.high}
+            for (topic, partition), wm in sorted(ends.items())
+        ])
 
 
-def table_columns(conn: Connection, schema: str, table: str) -> list:
-    return _run(conn, "table_columns", {"schema": schema, "table": table}).all()
+def range_kind(conn: Connection, pipeline: str, r: OffsetRange) -> BatchKind:
+    """What `r` may be replayed as now (states.classify); raises RangeRefused naming the range."""
+    params = {"pipeline": pipeline, "topic": r.topic, "partition": r.partition,
+              "from_offset": r.from_offset, "until_offset": r.until_offset}
+    cursor = _run(conn, "cursor_of", params).first()
+    overlap = _run(conn, "delivered_overlap", params).scalar_one()
+    try:
+        return classify(overlap, r.span, r.until_offset, cursor.start_offset if cursor else None)
+    except RangeRefused as exc:
+        raise RangeRefused(f"{r}: {exc}") from None
+
+
+def record_lost_range(conn: Connection, pipeline: str, r: OffsetRange, by: str, reason: str | None) -> bool:
+    """Record offsets deleted from Kafka before delivery and move the cursor past them; false when
+    the cursor no longer stands at the range's start."""
+    params = {"pipeline": pipeline, "topic": r.topic, "partition": r.partition,
+              "from_offset": r.from_offset, "until_offset": r.until_offset}
+    _run(conn, "insert_lost_range", {**params, "acknowledged_by": by, "reason": reason})
+    return _run(conn, "skip_lost_cursor", params).rowcount == 1
+
+
+# -- quarantine and staging bookkeeping
+
+def quarantine_staged(conn: Connection, bad_table: str, batch_id: int, pipeline: str) -> int:
+    """Move an attempt's bad records into ledger.quarantine; returns how many."""
+    return _run(conn, "insert_quarantine", {"batch_id": batch_id, "pipeline": pipeline}, bad=bad_table).rowcount
+
+
+def clear_quarantine(conn: Connection, batch_id: int) -> None:
+    """A replay replaces what earlier deliveries of its ranges quarantined."""
+    _run(conn, "delete_quarantine_in_ranges", {"batch_id": batch_id})
+
+
+def quarantined_count(conn: Connection, pipeline: str) -> int:
+    return _run(conn, "quarantined_count", {"pipeline": pipeline}).scalar_one()
+
+
+def finished_staging_tables(conn: Connection, pipeline: str) -> list[str]:
+    """Staging tables of the pipeline's finished batches (a crash can leave them)."""
+    return [r.table_name for r in _run(conn, "finished_staging_tables", {"pipeline": pipeline})]
+
+
+# -- inspection: status, verify, reports
+
+def partition_status(conn: Connection, pipeline: str) -> list:
+    return _run(conn, "status_partitions", {"pipeline": pipeline}).all()
+
+
+def recent_batches(conn: Connection, pipeline: str, limit: int) -> list:
+    return _run(conn, "status_batches", {"pipeline": pipeline, "limit": limit}).all()
+
+
+def last_error(conn: Connection, pipeline: str):
+    return _run(conn, "status_last_error", {"pipeline": pipeline}).first()
+
+
+def violations(conn: Connection, pipeline: str) -> list[str]:
+    """The ledger's own invariant violations (the view ledger.invariant_violations)."""
+    return [row.problem for row in _run(conn, "verify_ledger", {"pipeline": pipeline})]
+
+
+def target_violations(conn: Connection, pipeline: str, schema: str, table: str, counts_add_up: bool) -> list[str]:
+    """Target rows against the ledger; with `counts_add_up` (append targets) also rows + quarantined
+    = records read by committed batches."""
+    params, target = {"pipeline": pipeline}, dict(schema=schema, table=table)
+    problems = [row.problem for row in _run(conn, "verify_target_rows", params, **target)]
+    if counts_add_up:
+        problems += [row.problem for row in _run(conn, "verify_append_counts", params, **target)]
+    return problems
+
+
+def report(conn: Connection, name: str) -> tuple[str, object]:
+    """A named inspection query (report_*) with its SQL text, for printing both."""
+    sql = query(name)
+    return sql, conn.execute(text(sql))

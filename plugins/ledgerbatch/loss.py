@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from . import kafka, ledger
 from .errors import LedgerbatchError
 from .ranges import OffsetRange
 from .spec import PipelineSpec
-from .sqlfiles import query
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +36,10 @@ def acknowledge_loss(engine: Engine, spec: PipelineSpec, bootstrap_servers: str,
             raise LedgerbatchError(f"{spec.name}: nothing is lost, every cursor is inside the log")
         open_id = ledger.open_live_batch_id(conn, spec.name)
         if open_id is not None:
-            conn.execute(text(query("mark_abandoned")), {
-                "batch_id": open_id, "reason": f"abandoned: offsets lost from Kafka, acknowledged by {by}"})
+            ledger.mark_abandoned(conn, open_id, f"abandoned: offsets lost from Kafka, acknowledged by {by}")
             log.warning("abandoned unfinished batch %d: its ranges are no longer fully in Kafka", open_id)
         for r in lost:
-            params = {"pipeline": spec.name, "topic": r.topic, "partition": r.partition,
-                      "from_offset": r.from_offset, "until_offset": r.until_offset}
-            conn.execute(text(query("insert_lost_range")), {**params, "acknowledged_by": by, "reason": reason})
-            if conn.execute(text(query("skip_lost_cursor")), params).rowcount != 1:
+            if not ledger.record_lost_range(conn, spec.name, r, by, reason):
                 raise LedgerbatchError(f"{r}: the cursor moved meanwhile; run again")
             log.warning("%s: %d offsets lost, acknowledged by %s", r, r.span, by)
     return lost

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import text
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from . import kafka, ledger
 from .ledger import Batch
 from .ranges import Watermarks, TopicPartition, plan_ranges, start_offsets
 from .spec import PipelineSpec
-from .sqlfiles import query
+from .states import BatchKind
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
 def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Watermarks]) -> Batch | None:
     with engine.begin() as conn:
         ledger.lock_pipeline(conn, spec.name)
-        record_end_offsets(conn, spec.name, ends)
+        ledger.record_end_offsets(conn, spec.name, ends)
         open_id = ledger.open_live_batch_id(conn, spec.name)
         if open_id is not None:  # another planner got here first
             return ledger.get_batch(conn, open_id)
@@ -44,17 +43,7 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         ledger.init_cursors(conn, spec.name, {tp: o for tp, o in starts.items() if tp not in cursors})
         if not ranges:
             return None
-        batch_id = ledger.insert_batch(conn, spec.name, "live", ranges)
+        batch_id = ledger.insert_batch(conn, spec.name, BatchKind.LIVE, ranges)
         batch = ledger.get_batch(conn, batch_id)
     log.info("planned batch %d: %d offsets in %d ranges", batch_id, batch.span, len(ranges))
     return batch
-
-
-def record_end_offsets(conn: Connection, pipeline: str, ends: dict[TopicPartition, Watermarks]) -> None:
-    """Keep what Kafka said at this plan: `ledger.partition_lag` and `status` read lag from it without Kafka."""
-    if not ends:
-        return
-    conn.execute(text(query("record_end_offset")), [
-        {"pipeline": pipeline, "topic": topic, "partition": partition, "log_start": wm.low, "end_offset": wm.high}
-        for (topic, partition), wm in sorted(ends.items())
-    ])

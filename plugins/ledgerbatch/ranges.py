@@ -25,6 +25,10 @@ class OffsetRange:
     def span(self) -> int:
         return self.until_offset - self.from_offset
 
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self.topic, self.partition
+
     def to_dict(self) -> dict:
         return {"topic": self.topic, "partition": self.partition, "from": self.from_offset, "until": self.until_offset}
 
@@ -87,3 +91,9 @@ def plan_ranges(partitions: dict[TopicPartition, Watermarks], cursors: dict[Topi
     lags = {tp: partitions[tp].high - pos for tp, pos in cursors.items()}
     alloc = split_budget(lags, max_records)
     return sorted(OffsetRange(tp[0], tp[1], cursors[tp], cursors[tp] + n) for tp, n in alloc.items())
+
+
+def range_arrays(ranges: tuple[OffsetRange, ...] | list[OffsetRange]) -> dict[str, list]:
+    """Ranges as the parallel arrays SQL unnests (:topics, :partitions, :from_offsets, :until_offsets)."""
+    return {"topics": [r.topic for r in ranges], "partitions": [r.partition for r in ranges],
+            "from_offsets": [r.from_offset for r in ranges], "until_offsets": [r.until_offset for r in ranges]}

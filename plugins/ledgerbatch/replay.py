@@ -18,9 +18,10 @@ from sqlalchemy.engine import Engine
 from . import kafka, ledger, tables
 from .errors import ConfigError, LedgerbatchError
 from .ledger import Batch
-from .ranges import OffsetRange
+from .ranges import OffsetRange, range_arrays
 from .spec import PipelineSpec
 from .sqlfiles import query
+from .states import BatchStatus
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +44,6 @@ class ReplayRequest:
             raise LedgerbatchError(f"offsets must satisfy 0 <= from < until, got [{self.from_offset}, {self.until_offset})")
         if by_time and (self.from_time_ms is None or self.until_time_ms is None or self.from_time_ms >= self.until_time_ms):
             raise LedgerbatchError("the time window needs from < until")
-
-
-def classify(overlap: int, span: int, until_offset: int, start_offset: int | None) -> str:
-    """replay, backfill, or an error message (pure)."""
-    if start_offset is None:
-        return "the pipeline has not started on this partition: run it first"
-    if overlap == span:
-        return "replay"
-    if overlap == 0 and until_offset <= start_offset:
-        return "backfill"
-    return (f"the range is neither fully delivered (replay) nor fully before the pipeline's start offset "
-            f"{start_offset} (backfill); {overlap} of its {span} offsets were delivered")
 
 
 def resolve_ranges(spec: PipelineSpec, bootstrap_servers: str, request: ReplayRequest) -> list[OffsetRange]:
@@ -111,7 +100,7 @@ def plan_replay(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -
     """Record a replay or backfill batch of `ranges` (all of one kind)."""
     with engine.begin() as conn:
         ledger.lock_pipeline(conn, spec.name)
-        kinds = {r: check_range(conn, spec.name, r) for r in ranges}
+        kinds = {r: ledger.range_kind(conn, spec.name, r) for r in ranges}
         if len(set(kinds.values())) != 1:
             raise LedgerbatchError("the ranges mix replay and backfill: request them separately "
                                    + "; ".join(f"{r}: {k}" for r, k in kinds.items()))
@@ -120,18 +109,6 @@ def plan_replay(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -
         batch = ledger.get_batch(conn, batch_id)
     log.info("planned %s batch %d: %s", kind, batch_id, ", ".join(map(str, ranges)))
     return batch
-
-
-def check_range(conn, pipeline: str, r: OffsetRange) -> str:
-    """The kind of `r` now; raises when it may be neither replayed nor backfilled."""
-    params = {"pipeline": pipeline, "topic": r.topic, "partition": r.partition,
-              "from_offset": r.from_offset, "until_offset": r.until_offset}
-    cursor = conn.execute(text(query("cursor_of")), params).first()
-    overlap = conn.execute(text(query("delivered_overlap")), params).scalar_one()
-    kind = classify(overlap, r.span, r.until_offset, cursor.start_offset if cursor else None)
-    if kind not in ("replay", "backfill"):
-        raise LedgerbatchError(f"{r}: {kind}")
-    return kind
 
 
 @dataclass(frozen=True)
@@ -147,13 +124,13 @@ def dry_run_diff(engine: Engine, spec: PipelineSpec, batch_id: int) -> Diff:
     """Compare a staged replay with the target, then abandon it: the target is not touched."""
     with engine.begin() as conn:
         batch = ledger.get_batch(conn, batch_id, for_update=True)
-        if batch.status != "staged":
+        if batch.status != BatchStatus.STAGED:
             raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged")
         row = conn.execute(text(query("replay_diff", schema=spec.target_schema, table=spec.target_table,
-                                      staging=batch.staging_table, columns=[c.name for c in spec.columns])),
-                           {"batch_id": batch_id}).one()
+                                      staging=batch.staging_table, columns=tables.column_names(spec))),
+                           range_arrays(batch.ranges)).one()
         diff = Diff(row.added, row.removed, row.changed, row.unchanged, batch.rows_quarantined)
-        conn.execute(text(query("mark_abandoned")), {"batch_id": batch_id, "reason": f"dry run: {diff}"})
+        ledger.mark_abandoned(conn, batch_id, f"dry run: {diff}")
     tables.drop_finished_staging(engine, spec.name)
     log.info("dry run of batch %d: %s", batch_id, diff)
     return diff

@@ -43,6 +43,13 @@ class Column:
         return _SIMPLE[self.type]
 
 
+# Lineage, defined once: the source coordinates every staged row carries, and the batch that delivered it.
+COORDINATES = (Column("_topic", "STRING"), Column("_partition", "INT"), Column("_offset", "BIGINT"))
+BATCH_ID = Column("_batch_id", "BIGINT")
+LINEAGE = COORDINATES + (BATCH_ID,)
+COORDINATE_NAMES = tuple(c.name for c in COORDINATES)
+
+
 def parse_schema(ddl: str) -> tuple[Column, ...]:
     """Parse `name TYPE, name TYPE, ...` (the subset of Spark DDL that maps onto PostgreSQL columns)."""
     if not isinstance(ddl, str) or not ddl.strip():

@@ -13,6 +13,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
+from .errors import OFFSETS_LOST
 from .faults import crash_point
 from .ranges import OffsetRange
 
@@ -87,7 +88,7 @@ def read_range(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) -> It
 
 def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) -> Iterator[tuple[list, list, list]]:
     """Yield (offsets, keys, values) chunks of exactly the records in `rng`."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(kafka_conf)
     tp = TopicPartition(rng.topic, rng.partition, rng.from_offset)
@@ -99,7 +100,9 @@ def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) ->
             offsets, keys, values = [], [], []
             for m in msgs:
                 if m.error():
-                    raise RangeReadError(f"{rng}: {m.error().str()}")
+                    # auto.offset.reset=error: a range that left the log reports its reset, not records
+                    lost = m.error().code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+                    raise RangeReadError(f"{rng}: {OFFSETS_LOST + ': ' if lost else ''}{m.error().str()}")
                 if m.offset() < rng.until_offset:
                     offsets.append(m.offset())
                     keys.append(m.key())

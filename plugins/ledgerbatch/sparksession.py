@@ -33,7 +33,7 @@ def get_spark(master: str | None = None, app_name: str = "ledgerbatch"):
     from pyspark.sql import SparkSession
 
     from .source import KafkaRangeSource
-    from .stage import StagingSink
+    from .stage_tasks import StagingSink
 
     builder = (
         SparkSession.builder.appName(app_name)
@@ -66,6 +66,6 @@ def warm_up(spark) -> float:
 
 
 def _import_staging(batches):
-    from . import parse, source, stage  # noqa: F401  (the imports are the point)
+    from . import parse, source, stage_tasks  # noqa: F401  (the imports are the point)
 
     yield from batches

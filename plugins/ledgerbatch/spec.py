@@ -9,6 +9,7 @@ import yaml
 
 from .errors import SpecError
 from .identifiers import check_ident, qualified
+from .decoders import DECODERS
 from .schema import Column, parse_schema
 
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
@@ -38,6 +39,8 @@ class PipelineSpec:
     schedule: str | None = None
     kafka_options: tuple[tuple[str, str], ...] = ()
     transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
+    format: str = "json"  # a decoder of decoders.DECODERS
+    format_options: tuple[tuple[str, str], ...] = ()  # the decoder's settings
 
 
 def load_spec(pipelines_dir: Path, name: str) -> PipelineSpec:
@@ -89,8 +92,8 @@ def parse_spec(doc: object) -> PipelineSpec:
         raise SpecError("source.topics lists a topic twice")
 
     fmt = source.get("format", "json")
-    if fmt != "json":
-        raise SpecError(f"source.format {fmt!r} is not supported (supported: json)")
+    if fmt not in DECODERS:
+        raise SpecError(f"source.format {fmt!r} is not supported (supported: {', '.join(DECODERS)})")
     columns = parse_schema(_required(source, "schema", "source"))
     start = _choice(source.get("start", "earliest"), "source.start", ("earliest", "latest"))
     kafka_options = _mapping(source.get("kafka", {}), "source.kafka", None)
@@ -146,6 +149,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         schedule=schedule,
         kafka_options=tuple(sorted((str(k), str(v)) for k, v in kafka_options.items())),
         transform=tuple(transform.items()),
+        format=fmt,
     )
 
 

@@ -2,12 +2,10 @@
 headroom and last batch; the pipeline's last error and recent batches. As a table or as JSON."""
 from __future__ import annotations
 
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from . import kafka
+from . import kafka, ledger
 from .errors import ConfigError
-from .sqlfiles import query
 
 NEAR_LOG_START = 0.1  # warn when the undelivered offsets sit in the oldest 10% of the retained log
 
@@ -25,9 +23,9 @@ def pipeline_status(engine: Engine, pipeline: str, topics: tuple[str, ...], boot
     else:
         note = "Kafka not asked: KAFKA_BOOTSTRAP_SERVERS is not set"
     with engine.connect() as conn:
-        rows = conn.execute(text(query("status_partitions")), {"pipeline": pipeline}).all()
-        batches = conn.execute(text(query("status_batches")), {"pipeline": pipeline, "limit": recent}).all()
-        last_error = conn.execute(text(query("status_last_error")), {"pipeline": pipeline}).first()
+        rows = ledger.partition_status(conn, pipeline)
+        batches = ledger.recent_batches(conn, pipeline, recent)
+        last_error = ledger.last_error(conn, pipeline)
     partitions = []
     for r in rows:
         wm = live.get((r.topic, r.partition))

@@ -1,4 +1,5 @@
-"""Shapes of a pipeline's staging and target tables, and the SQL that fills them (from sql/queries)."""
+"""Shapes of a pipeline's staging and target tables (sql/queries/tables.sql); filling the target is
+the target mode's job (modes/)."""
 from __future__ import annotations
 
 from sqlalchemy import text
@@ -8,12 +9,11 @@ from sqlalchemy.exc import OperationalError
 from . import ledger
 from .errors import SpecError
 from .identifiers import quote_ident
-from . import partitions
-from .partitions import Partition, plan_publish
+from .schema import LINEAGE
 from .spec import PipelineSpec
 from .sqlfiles import Fragment, query
+from .statements import StagingStatements
 
-LINEAGE_TYPES = {"_topic": "text", "_partition": "integer", "_offset": "bigint", "_batch_id": "bigint"}
 # information_schema.columns.data_type of each PostgreSQL type ledgerbatch creates
 _INFO_TYPES = {"timestamptz": "timestamp with time zone"}
 
@@ -27,50 +27,38 @@ def bad_name(staging: str) -> str:
     return f"{staging}_bad"
 
 
-def partition_name(table: str, batch_id: int) -> str:
-    suffix = f"_b{batch_id}"
-    return table.encode()[:63 - len(suffix)].decode(errors="ignore") + suffix
-
-
-def _defs(spec: PipelineSpec) -> Fragment:
+def column_defs(spec: PipelineSpec) -> Fragment:
     return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in spec.columns))
 
 
-def _columns(spec: PipelineSpec) -> list[str]:
+def column_names(spec: PipelineSpec) -> list[str]:
     return [c.name for c in spec.columns]
 
 
-def _set_list(spec: PipelineSpec) -> Fragment:
-    updated = _columns(spec) + list(LINEAGE_TYPES)
-    return Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
+def staging_statements(spec: PipelineSpec, staging: str) -> StagingStatements:
+    """What an attempt's staging tasks run, rendered here because executors may not have sql/."""
+    return StagingStatements(
+        lock=query("staging_task_lock"),
+        delete=query("staging_delete_partition", staging=staging, bad=bad_name(staging)),
+        copy=query("staging_copy", staging=staging, columns=column_names(spec)),
+        copy_bad=query("staging_copy_bad", bad=bad_name(staging)),
+    )
 
 
 def create_staging(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> None:
-    conn.execute(text(query("create_staging", staging=staging, bad=bad_name(staging), defs=_defs(spec))),
+    conn.execute(text(query("create_staging", staging=staging, bad=bad_name(staging), defs=column_defs(spec))),
                  {"batch_id": batch_id})
 
 
-def staging_sql(spec: PipelineSpec, staging: str) -> dict[str, str]:
-    """The statements an executor runs (psycopg2 parameters), by role."""
-    names = dict(staging=staging, bad=bad_name(staging))
-    return {
-        "lock": query("staging_task_lock"),
-        "delete": query("staging_delete_partition", **names),
-        "copy": query("staging_copy", staging=staging, columns=_columns(spec)),
-        "copy_bad": query("staging_copy_bad", bad=bad_name(staging)),
-    }
+def table_exists(conn: Connection, schema: str, table: str) -> bool:
+    return conn.execute(text(query("table_exists")), {"schema": schema, "table": table}).scalar_one()
 
 
-def ensure_target(conn: Connection, spec: PipelineSpec) -> None:
-    """Create the target on first use; refuse one whose columns disagree with the spec."""
-    if spec.mode == "append":
-        sql = query("create_target_append", schema=spec.target_schema, table=spec.target_table, defs=_defs(spec))
-    else:
-        sql = query("create_target_upsert", schema=spec.target_schema, table=spec.target_table,
-                    defs=_defs(spec), key=list(spec.key))
-    conn.execute(text(sql))
-    actual = {r.column_name: r for r in ledger.table_columns(conn, spec.target_schema, spec.target_table)}
-    expected = {c.name: c.pg_type for c in spec.columns} | LINEAGE_TYPES
+def check_target_shape(conn: Connection, spec: PipelineSpec) -> None:
+    """Refuse a target whose columns disagree with the spec."""
+    rows = conn.execute(text(query("table_columns")), {"schema": spec.target_schema, "table": spec.target_table})
+    actual = {r.column_name: r for r in rows}
+    expected = {c.name: c.pg_type for c in spec.columns + LINEAGE}
     problems = []
     for name, pg_type in expected.items():
         col = actual.get(name)
@@ -103,43 +91,6 @@ def staged_overlap(conn: Connection, staging: str) -> int:
     return conn.execute(text(query("staged_overlap", staging=staging, bad=bad_name(staging)))).scalar_one()
 
 
-def publish_rows(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int, rows: int, replay: bool) -> None:
-    """Staged good rows into the target. A replay first removes what earlier deliveries of its ranges
-    left in the target (append) and in quarantine; an upsert replay keeps newer values."""
-    target = dict(schema=spec.target_schema, table=spec.target_table)
-    params = dict(staging=staging, columns=_columns(spec), **target)
-    if replay:
-        conn.execute(text(query("delete_quarantine_in_ranges")), {"batch_id": batch_id})
-    if spec.mode == "upsert":
-        name = "replay_upsert" if replay else "insert_upsert"
-        conn.execute(text(query(name, key=list(spec.key), set_list=_set_list(spec), **params)), {"batch_id": batch_id})
-        return
-    if replay:
-        conn.execute(text(query("delete_target_in_ranges", **target)), {"batch_id": batch_id})
-    layout = conn.execute(text(query("target_layout")), target).one()
-    plan = None  # a target created before targets were partitioned only takes copies
-    if layout.partitioned:
-        existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
-        plan = plan_publish(batch_id, rows, existing, partitions.ATTACH_MIN_ROWS)
-    if plan is None or not plan.attach:
-        conn.execute(text(query("insert_append", **params)))
-        return
-    if not layout.can_attach:
-        raise SpecError(f"target {spec.target_schema}.{spec.target_table}: this login may not add partitions to it: "
-                        f"it must own the table (or be a member of its owner role) and may CREATE in its schema")
-    if plan.close:
-        conn.execute(text(query("close_partition", partition=plan.close.name, **target)),
-                     {"lower": plan.close.lower, "upper": batch_id})
-    upper = Fragment("MAXVALUE" if plan.upper is None else str(int(plan.upper)))
-    conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
-                            upper=upper, **target)), {"batch_id": batch_id})
-
-
-def quarantine_rows(conn: Connection, staging: str, batch_id: int, pipeline: str) -> int:
-    return conn.execute(text(query("insert_quarantine", bad=bad_name(staging))),
-                        {"batch_id": batch_id, "pipeline": pipeline}).rowcount
-
-
 def drop_staging(conn: Connection, staging: str) -> None:
     conn.execute(text(query("drop_staging", staging=staging, bad=bad_name(staging))))
 
@@ -147,7 +98,7 @@ def drop_staging(conn: Connection, staging: str) -> None:
 def drop_finished_staging(engine: Engine, pipeline: str) -> list[str]:
     """Best effort: staging tables of the pipeline's finished batches (a crash can leave them)."""
     with engine.connect() as conn:
-        names = [r.table_name for r in conn.execute(text(query("finished_staging_tables")), {"pipeline": pipeline})]
+        names = ledger.finished_staging_tables(conn, pipeline)
     return drop_staging_quietly(engine, names)
 
 

@@ -1,4 +1,5 @@
--- Named queries of the ledger. Bind parameters are :name; {placeholders} take quoted identifiers only.
+-- Named queries of the ledger schema, run only by plugins/ledgerbatch/ledger.py.
+-- Bind parameters are :name; {placeholders} take quoted identifiers only.
 
 -- name: bootstrap
 CREATE SCHEMA IF NOT EXISTS ledger;
@@ -86,13 +87,31 @@ UPDATE ledger.batch_ranges SET committed = true WHERE batch_id = :batch_id;
 UPDATE ledger.batches SET status = 'committed', committed_at = now(), updated_at = now()
 WHERE batch_id = :batch_id;
 
+-- name: mark_abandoned
+UPDATE ledger.batches SET status = 'abandoned', error = :reason, updated_at = now()
+WHERE batch_id = :batch_id AND status IN ('planned', 'staged', 'failed');
+
 -- name: known_pipelines
 SELECT DISTINCT pipeline FROM ledger.batches ORDER BY pipeline;
 
--- name: table_columns
-SELECT column_name, data_type, numeric_precision, numeric_scale
-FROM information_schema.columns
-WHERE table_schema = :schema AND table_name = :table ORDER BY ordinal_position;
+-- name: record_end_offset
+-- Written only when the offsets moved, so an idle follower planning every second writes nothing;
+-- observed_at is when these offsets were first seen.
+INSERT INTO ledger.end_offsets (pipeline, topic, partition, log_start, end_offset, observed_at)
+VALUES (:pipeline, :topic, :partition, :log_start, :end_offset, now())
+ON CONFLICT (pipeline, topic, partition) DO UPDATE
+SET log_start = excluded.log_start, end_offset = excluded.end_offset, observed_at = excluded.observed_at
+WHERE (ledger.end_offsets.log_start, ledger.end_offsets.end_offset) IS DISTINCT FROM (excluded.log_start, excluded.end_offset);
+
+-- name: cursor_of
+SELECT start_offset, next_offset FROM ledger.cursors WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition;
+
+-- name: delivered_overlap
+-- How many offsets of [from, until) of one partition committed live or backfill batches delivered.
+SELECT coalesce(sum(greatest(0, least(r.until_offset, :until_offset) - greatest(r.from_offset, :from_offset))), 0) AS overlap
+FROM ledger.batch_ranges r
+WHERE r.pipeline = :pipeline AND r.topic = :topic AND r.partition = :partition AND r.committed
+  AND r.kind IN ('live', 'backfill');
 
 -- name: insert_lost_range
 INSERT INTO ledger.lost_ranges (pipeline, topic, partition, from_offset, until_offset, acknowledged_by, reason)
@@ -101,3 +120,23 @@ VALUES (:pipeline, :topic, :partition, :from_offset, :until_offset, :acknowledge
 -- name: skip_lost_cursor
 UPDATE ledger.cursors SET next_offset = :until_offset, updated_at = now()
 WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND next_offset = :from_offset;
+
+-- name: insert_quarantine
+INSERT INTO ledger.quarantine (batch_id, pipeline, topic, partition, "offset", key, value, error)
+SELECT :batch_id, :pipeline, _topic, _partition, _offset, _key, _value, _error
+FROM ledger_staging.{bad};
+
+-- name: delete_quarantine_in_ranges
+DELETE FROM ledger.quarantine q USING ledger.batch_ranges r
+WHERE r.batch_id = :batch_id AND q.pipeline = r.pipeline AND q.topic = r.topic AND q.partition = r.partition
+  AND q."offset" >= r.from_offset AND q."offset" < r.until_offset;
+
+-- name: finished_staging_tables
+-- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up), by
+-- the name of the good-rows table (drop_staging drops the bad-records table with it).
+SELECT DISTINCT regexp_replace(t.table_name, '_bad$', '') AS table_name FROM information_schema.tables t
+JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a\d+(_bad)?$')::bigint
+WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned');
+
+-- name: ledger_exists
+SELECT to_regclass('ledger.schema_migrations') IS NOT NULL;

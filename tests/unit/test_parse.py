@@ -3,7 +3,9 @@ from decimal import Decimal
 
 import pytest
 
-from ledgerbatch.parse import BadValue, converter, parse_value
+from ledgerbatch.convert import BadValue, converter
+from ledgerbatch.decoders import make_decoder
+from ledgerbatch.parse import parse_value
 from ledgerbatch.schema import parse_schema
 
 COLUMNS = parse_schema("s STRING, i INT, b BIGINT, d DECIMAL(6,2), f DOUBLE, ok BOOLEAN, ts TIMESTAMP, day DATE")
@@ -11,7 +13,7 @@ CONVERTERS = [converter(c) for c in COLUMNS]
 
 
 def parse(raw):
-    return dict(zip([c.name for c in COLUMNS], parse_value(raw, COLUMNS, CONVERTERS)))
+    return dict(zip([c.name for c in COLUMNS], parse_value(raw, make_decoder("json"), COLUMNS, CONVERTERS)))
 
 
 def test_typed_values_and_missing_fields():

@@ -11,11 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from .. import ledger
 from ..config import REPO_ROOT, Settings
-from ..demo import DemoSetup, fresh_database, prepare, report
+from ..db import fresh_database
+from ..demo import PIPELINE, DemoSetup, prepare, report
 from ..errors import ConfigError
 
 DAG_ID = "ledgerbatch_orders"
@@ -85,8 +86,7 @@ def _lag(setup: DemoSetup) -> int:
 
     ends = watermarks(setup.broker.bootstrap_servers, ("orders",))
     with setup.engine.connect() as conn:
-        done = dict(((r.topic, r.partition), r.next_offset) for r in conn.execute(
-            text("SELECT topic, partition, next_offset FROM ledger.cursors WHERE pipeline = 'orders'")))
+        done = ledger.cursors(conn, PIPELINE)
     return sum(wm.high - done.get(tp, 0) for tp, wm in ends.items())
 
 

@@ -1,4 +1,5 @@
--- Invariant checks for `ledgerbatch verify`: each query returns one row per violation, with a `problem` column.
+-- Invariant checks for `ledgerbatch verify` (through ledger.py): each query returns one row per
+-- violation, with a `problem` column.
 
 -- name: verify_ledger
 -- The ledger's own invariants (tiling, counts, ranges, cursors, staging) live in the view

@@ -1,13 +1,4 @@
--- Named queries of `ledgerbatch status` and of the planner's end-offset observations.
-
--- name: record_end_offset
--- Written only when the offsets moved, so an idle follower planning every second writes nothing;
--- observed_at is when these offsets were first seen.
-INSERT INTO ledger.end_offsets (pipeline, topic, partition, log_start, end_offset, observed_at)
-VALUES (:pipeline, :topic, :partition, :log_start, :end_offset, now())
-ON CONFLICT (pipeline, topic, partition) DO UPDATE
-SET log_start = excluded.log_start, end_offset = excluded.end_offset, observed_at = excluded.observed_at
-WHERE (ledger.end_offsets.log_start, ledger.end_offsets.end_offset) IS DISTINCT FROM (excluded.log_start, excluded.end_offset);
+-- What `ledgerbatch status` and the demo's report read from the ledger (through ledger.py).
 
 -- name: status_partitions
 -- Each cursor with the end offsets observed at the last plan and the age of its last batch's commit.
@@ -33,3 +24,15 @@ SELECT batch_id, kind, status, error, extract(epoch FROM now() - updated_at)::fl
 FROM ledger.batches
 WHERE pipeline = :pipeline AND error IS NOT NULL AND (status = 'failed' OR (status = 'abandoned' AND kind = 'live'))
 ORDER BY batch_id DESC LIMIT 1;
+
+-- name: report_quarantine_by_reason
+SELECT error, count(*) FROM ledger.quarantine GROUP BY error ORDER BY 2 DESC, 1;
+
+-- name: report_batches
+SELECT batch_id, kind, status, attempt, records_read, rows_written, rows_quarantined, committed_at - created_at AS took FROM ledger.batches ORDER BY batch_id;
+
+-- name: report_cursors
+SELECT topic, count(*) AS partitions, sum(next_offset) AS delivered_offsets FROM ledger.cursors GROUP BY topic;
+
+-- name: quarantined_count
+SELECT count(*) FROM ledger.quarantine WHERE pipeline = :pipeline;

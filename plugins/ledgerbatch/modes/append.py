@@ -1,0 +1,55 @@
+"""`mode: append`: every good record is a row, unique on its source coordinates.
+
+Append targets are range-partitioned by batch id (partitions.py): a big batch's staging table is
+attached as a partition (metadata only), a small one is copied. A replay first deletes what earlier
+deliveries of its ranges left in the target.
+"""
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from .. import partitions, tables
+from ..errors import SpecError
+from ..ledger import Batch
+from ..partitions import Partition, plan_publish
+from ..ranges import range_arrays
+from ..spec import PipelineSpec
+from ..sqlfiles import Fragment, query
+from ..states import BatchKind
+from .base import TargetMode, target_names
+
+
+def partition_name(table: str, batch_id: int) -> str:
+    suffix = f"_b{batch_id}"
+    return table.encode()[:63 - len(suffix)].decode(errors="ignore") + suffix
+
+
+class Append(TargetMode):
+    rows_match_records = True
+
+    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
+        conn.execute(text(query("create_target_append", defs=tables.column_defs(spec), **target_names(spec))))
+
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
+        target = target_names(spec)
+        staging, batch_id = batch.staging_table, batch.batch_id
+        if batch.kind != BatchKind.LIVE:
+            conn.execute(text(query("delete_target_in_ranges", **target)), range_arrays(batch.ranges))
+        layout = conn.execute(text(query("target_layout")), target).one()
+        plan = None  # a target created before targets were partitioned only takes copies
+        if layout.partitioned:
+            existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
+            plan = plan_publish(batch_id, batch.rows_written, existing, partitions.ATTACH_MIN_ROWS)
+        if plan is None or not plan.attach:
+            conn.execute(text(query("insert_append", staging=staging, columns=tables.column_names(spec), **target)))
+            return
+        if not layout.can_attach:
+            raise SpecError(f"target {spec.target_schema}.{spec.target_table}: this login may not add partitions to "
+                            f"it: it must own the table (or be a member of its owner role) and may CREATE in its schema")
+        if plan.close:
+            conn.execute(text(query("close_partition", partition=plan.close.name, **target)),
+                         {"lower": plan.close.lower, "upper": batch_id})
+        upper = Fragment("MAXVALUE" if plan.upper is None else str(int(plan.upper)))
+        conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
+                                upper=upper, **target)), {"batch_id": batch_id})

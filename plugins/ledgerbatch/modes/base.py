@@ -1,0 +1,32 @@
+"""The one interface every target mode implements."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from sqlalchemy.engine import Connection
+
+from .. import tables
+from ..ledger import Batch
+from ..spec import PipelineSpec
+
+
+class TargetMode(ABC):
+    #: every record read is a target row or quarantined, so `verify` can count them
+    rows_match_records: bool
+
+    def ensure_target(self, conn: Connection, spec: PipelineSpec) -> None:
+        """Create the target on first use; refuse one whose columns disagree with the spec."""
+        self.create_target(conn, spec)
+        tables.check_target_shape(conn, spec)
+
+    @abstractmethod
+    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
+        """CREATE TABLE IF NOT EXISTS in this mode's shape."""
+
+    @abstractmethod
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
+        """Move the batch's staged good rows (ledger_staging.<batch.staging_table>) into the target."""
+
+
+def target_names(spec: PipelineSpec) -> dict[str, str]:
+    return dict(schema=spec.target_schema, table=spec.target_table)

@@ -1,0 +1,194 @@
+"""Staging, executor side: what Spark tasks run to put a batch's parsed rows into its staging tables.
+
+Good rows go to `bN_aM` in the target's shape (an append commit attaches that table as the batch's
+partition), bad records to `bN_aM_bad`. Each range is staged in one transaction that first deletes
+what an earlier try of it left, so a retried task never duplicates.
+
+Two ways in: `stage_ranges` reads, decodes, parses and stages whole ranges inside one Python task
+(no round trip through the JVM); `StagingSink` stages a DataFrame, for pipelines whose transform is
+Spark SQL. The driver side (stage.py) starts them and records the counts.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import pickle
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from .ranges import OffsetRange
+from .schema import COORDINATE_NAMES, Column
+from .statements import StagedMarkStatements, StagingStatements
+
+FORMAT = "ledgerbatch_staging"
+COUNTS = StructType([
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("rows", LongType(), False),
+    StructField("bad", LongType(), False),
+])
+BAD_COLUMNS = COORDINATE_NAMES + ("_error", "_key", "_value")
+
+
+@dataclass(frozen=True)
+class StagingTable:
+    """Where a task stages: the ledger database, the attempt's staging table and its statements, the
+    spec's column names and the batch id every good row carries."""
+    dsn: str
+    name: str
+    statements: StagingStatements
+    columns: tuple[str, ...]
+    batch_id: int
+
+
+@dataclass(frozen=True)
+class StagingJob:
+    """One attempt's staging, as every task and the sink's commit see it (pickled to executors)."""
+    batch_id: int
+    attempt: int
+    ranges: tuple[OffsetRange, ...]
+    kafka: dict
+    stall_timeout_s: float
+    columns: tuple[Column, ...]
+    required: tuple[str, ...]  # key columns: a record without them is bad
+    fmt: str
+    format_options: dict
+    table: StagingTable
+    mark: StagedMarkStatements
+
+    def encode(self) -> str:
+        return base64.b64encode(pickle.dumps(self)).decode()
+
+    @staticmethod
+    def decode(text: str) -> "StagingJob":
+        return pickle.loads(base64.b64decode(text))
+
+
+def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, int] | None:
+    """COPY the parsed Arrow batches of ONE range; returns (topic, partition, rows, bad), None if empty."""
+    import psycopg2
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    batches = (b for b in batches if b.num_rows)
+    first = next(batches, None)
+    if first is None:  # an immutable log gives a retry the same records: nothing to replace
+        return None
+    topic, partition = first.column("_topic")[0].as_py(), first.column("_partition")[0].as_py()
+    rows = bad = 0
+    good_columns = list(table.columns) + list(COORDINATE_NAMES)
+    sql = table.statements
+    conn = psycopg2.connect(table.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            # A retried task replaces what an earlier try of it left behind, in the same transaction;
+            # the lock keeps two concurrent tries of one task (speculation, a zombie) in turn.
+            cur.execute(sql.lock, {"lock": f"{table.name}|{topic}|{partition}"})
+            cur.execute(sql.delete, {"topic": topic, "partition": partition})
+            for batch in itertools.chain([first], batches):
+                if batch.column("_partition")[0].as_py() != partition or batch.column("_topic")[0].as_py() != topic:
+                    raise RuntimeError(f"staging task got rows of two partitions: {topic}[{partition}] and more")
+                rows += batch.num_rows
+                errors = batch.column("_error")
+                if errors.null_count < batch.num_rows:
+                    is_bad = pc.is_valid(errors)
+                    bad_rows = batch.filter(is_bad)
+                    bad += bad_rows.num_rows
+                    _copy(cur, sql.copy_bad, [bad_rows.column(n) for n in BAD_COLUMNS])
+                    batch = batch.filter(pc.invert(is_bad))
+                if batch.num_rows:
+                    batch_ids = pa.repeat(pa.scalar(table.batch_id, pa.int64()), batch.num_rows)
+                    _copy(cur, sql.copy, [batch.column(n) for n in good_columns] + [batch_ids])
+    finally:
+        conn.close()
+    return topic, partition, rows, bad
+
+
+def _copy(cur, sql: str, arrays: list) -> None:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    sink = io.BytesIO()
+    table = pa.Table.from_arrays(arrays, names=[str(i) for i in range(len(arrays))])
+    pcsv.write_csv(table, sink, pcsv.WriteOptions(include_header=False))
+    sink.seek(0)
+    cur.copy_expert(sql, sink, size=1 << 20)
+
+
+def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
+    """mapInArrow body over spark.range(len(job.ranges)): read, parse and stage the ranges of this task."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from .decoders import make_decoder
+    from .parse import Parser
+    from .source import read_messages
+
+    schema = to_arrow_schema(COUNTS)
+    parser = Parser(job.columns, job.required, make_decoder(job.fmt, job.format_options))
+    for id_batch in ids:
+        for i in id_batch.column(0).to_pylist():
+            rng = job.ranges[i]
+            parsed = (parser.parse(rng.topic, rng.partition, *chunk)
+                      for chunk in read_messages(rng, job.kafka, job.stall_timeout_s))
+            topic, partition, rows, bad = copy_range(parsed, job.table) or (rng.topic, rng.partition, 0, 0)
+            yield pa.RecordBatch.from_pylist([{"topic": topic, "partition": partition, "rows": rows, "bad": bad}],
+                                             schema=schema)
+
+
+@dataclass
+class RangeCounts(WriterCommitMessage):
+    counts: dict = field(default_factory=dict)  # "topic\tpartition" -> [rows, bad rows]
+
+
+class StagingSink(DataSource):
+    """Options: `job` (StagingJob.encode()), `db_url` (for recording the staged counts)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def writer(self, schema, overwrite: bool) -> "StagingWriter":
+        return StagingWriter(self.options)
+
+
+class StagingWriter(DataSourceArrowWriter):
+    def __init__(self, options: dict):
+        self.job = StagingJob.decode(options["job"])
+        self.db_url = options["db_url"]
+
+    def write(self, iterator: Iterator) -> RangeCounts:
+        result = copy_range(iterator, self.job.table)
+        if result is None:
+            return RangeCounts()
+        topic, partition, rows, bad = result
+        return RangeCounts({f"{topic}\t{partition}": [rows, bad]})
+
+    def commit(self, messages: list) -> None:
+        """Runs once on the driver host after every task succeeded."""
+        from sqlalchemy import create_engine
+        from sqlalchemy.pool import NullPool
+
+        from .ledger import mark_staged
+
+        counts = {}
+        for message in messages:
+            for key, (rows, bad) in (message.counts if message else {}).items():
+                topic, partition = key.split("\t")
+                if (topic, int(partition)) in counts:  # two tasks replaced each other's rows of one range
+                    raise RuntimeError(f"{topic}[{partition}] was staged by two tasks: staged result discarded")
+                counts[(topic, int(partition))] = (rows, bad)
+        engine = create_engine(self.db_url, poolclass=NullPool)
+        try:
+            with engine.begin() as conn:
+                job = self.job
+                mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, counts, job.mark)
+        finally:
+            engine.dispose()
+
+    def abort(self, messages: list) -> None:
+        """Nothing to undo: the staging tables belong to this attempt and are dropped when it ends."""

@@ -1,0 +1,22 @@
+"""SQL that travels to Spark tasks as text: rendered on the driver from sql/ (executors, and the
+Python worker that runs a writer's commit, may have only the package's code), plain data here so
+that unpickling it needs no database library."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StagingStatements:
+    """A staging task's statements (psycopg2 parameters, sql/queries/staging_tasks.sql)."""
+    lock: str
+    delete: str
+    copy: str
+    copy_bad: str
+
+
+@dataclass(frozen=True)
+class StagedMarkStatements:
+    """Recording a staged attempt (ledger.mark_staged)."""
+    mark: str
+    set_count: str

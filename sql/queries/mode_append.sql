@@ -1,0 +1,52 @@
+-- Target mode `append` (plugins/ledgerbatch/modes/append.py).
+
+-- name: create_target_append
+-- Partitions cover runs of batch ids (plugins/ledgerbatch/partitions.py): a big batch's staging table
+-- is attached as a partition instead of being copied. Unique on the coordinates within a partition;
+-- across partitions the ledger keeps them unique and `verify` checks it.
+CREATE TABLE IF NOT EXISTS {schema}.{table} (
+    {defs},
+    _topic     text    NOT NULL,
+    _partition integer NOT NULL,
+    _offset    bigint  NOT NULL,
+    _batch_id  bigint  NOT NULL,
+    UNIQUE (_topic, _partition, _offset, _batch_id)
+) PARTITION BY RANGE (_batch_id);
+
+-- name: target_partitions
+-- Each partition's batch id bounds; upper NULL is MAXVALUE.
+SELECT p.relname AS name, m[1]::bigint AS lower, m[2]::bigint AS upper
+FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+CROSS JOIN LATERAL regexp_match(pg_get_expr(p.relpartbound, p.oid),
+                                'FROM \(''?(\d+)''?\) TO \((?:''?(\d+)''?|MAXVALUE)\)') m
+WHERE i.inhparent = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = :schema AND c.relname = :table);
+
+-- name: close_partition
+-- The open partition ends where a big batch begins: one scan validates the CHECK, which spares the
+-- ATTACH another. (DETACH locks the target against readers until the commit ends.)
+ALTER TABLE {schema}.{table} DETACH PARTITION {schema}.{partition};
+ALTER TABLE {schema}.{partition} ADD CONSTRAINT batch_range CHECK (_batch_id >= :lower AND _batch_id < :upper);
+ALTER TABLE {schema}.{table} ATTACH PARTITION {schema}.{partition} FOR VALUES FROM (:lower) TO (:upper);
+
+-- name: attach_partition
+-- Metadata only: the CHECK on _batch_id and the unique index built while staging spare PostgreSQL
+-- a validation scan and an index build. The table leaves ledger_staging, so no writer finds it again;
+-- without its CHECK it can take later small batches.
+ALTER TABLE ledger_staging.{staging} RENAME TO {partition};
+ALTER TABLE ledger_staging.{partition} SET SCHEMA {schema};
+ALTER TABLE {schema}.{table} ATTACH PARTITION {schema}.{partition} FOR VALUES FROM (:batch_id) TO ({upper});
+ALTER TABLE {schema}.{partition} DROP CONSTRAINT staged_batch_only;
+
+-- name: insert_append
+-- Small batches, and append targets created before targets were partitioned, take a copy of the rows.
+INSERT INTO {schema}.{table} ({columns}, _topic, _partition, _offset, _batch_id)
+SELECT {columns}, _topic, _partition, _offset, _batch_id
+FROM ledger_staging.{staging};
+
+-- name: delete_target_in_ranges
+-- A replay first removes what earlier deliveries of its ranges (given as arrays) left in the target.
+DELETE FROM {schema}.{table} t USING unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+            CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+WHERE t._topic = r.topic AND t._partition = r.partition
+  AND t._offset >= r.from_offset AND t._offset < r.until_offset;
