@@ -36,10 +36,11 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
     try:
         return _commit(engine, spec, batch_id, attempt)
     except ReconcileError as exc:
-        # The staged result cannot be committed: fail this attempt so the next run re-reads the ranges.
+        # The staged result cannot be committed: fail the attempt that was checked (never a newer one
+        # that began meanwhile) so the next run re-reads the ranges.
         with engine.begin() as conn:
-            batch = ledger.get_batch(conn, batch_id)
-            ledger.mark_failed(conn, batch_id, batch.attempt if attempt is None else attempt, str(exc))
+            checked = exc.attempt or attempt or ledger.get_batch(conn, batch_id).attempt
+            ledger.mark_failed(conn, batch_id, checked, str(exc))
         raise
 
 
@@ -74,34 +75,38 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
                 if kind != batch.kind:
                     raise FencedError(f"batch {batch_id}: {r} is now a {kind}, not a {batch.kind}: fenced")
 
-        # 3. Shut out any straggling writer of this attempt, then reconcile what the ledger recorded
-        #    with what staging holds (each staging table is unique on the coordinates).
-        if not tables.staging_complete(conn, batch.staging_table):
-            raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} is missing or not in this "
-                                 f"version's shape (dropped, or staged by an earlier ledgerbatch): the next run stages "
-                                 f"it again")
-        tables.lock_staging(conn, batch.staging_table)
-        staged = tables.staged_counts(conn, batch.staging_table)
-        if tables.staged_overlap(conn, batch.staging_table):
-            raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds offsets both as rows and as bad records")
-        recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
-        bad = sum(row.bad for row in staged)
-        total = sum(row.rows for row in staged)
-        reconcile(recorded, Counts(total, total - bad, bad))
-        reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
-        check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
+        try:
+            # 3. Shut out any straggling writer of this attempt, then reconcile what the ledger recorded
+            #    with what staging holds (each staging table is unique on the coordinates).
+            if not tables.staging_complete(conn, spec, batch.staging_table):
+                raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} is missing or not in this "
+                                     f"version's shape (dropped, staged by an earlier ledgerbatch, or before the spec's "
+                                     f"columns changed): the next run stages it again")
+            tables.lock_staging(conn, batch.staging_table)
+            staged = tables.staged_counts(conn, batch.staging_table)
+            if tables.staged_overlap(conn, batch.staging_table):
+                raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds offsets both as rows and as bad records")
+            recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
+            bad = sum(row.bad for row in staged)
+            total = sum(row.rows for row in staged)
+            reconcile(recorded, Counts(total, total - bad, bad))
+            reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
+            check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
 
-        # 4. Publish the staged rows through the target mode (an append target takes a big batch's
-        #    staging table as a partition) and move bad records into quarantine; a replay first
-        #    clears what earlier deliveries of its ranges quarantined.
-        mode = mode_for(spec)
-        mode.ensure_target(conn, spec)
-        mode.publish(conn, spec, batch)
-        if batch.kind != BatchKind.LIVE:
-            ledger.clear_quarantine(conn, batch_id)
-        quarantined = ledger.quarantine_staged(conn, tables.bad_name(batch.staging_table), batch_id, spec.name)
-        if quarantined != recorded.rows_quarantined:
-            raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
+            # 4. Publish the staged rows through the target mode (an append target takes a big batch's
+            #    staging table as a partition) and move bad records into quarantine; a replay first
+            #    clears what earlier deliveries of its ranges quarantined.
+            mode = mode_for(spec)
+            mode.ensure_target(conn, spec)
+            mode.publish(conn, spec, batch)
+            if batch.kind != BatchKind.LIVE:
+                ledger.clear_quarantine(conn, batch_id)
+            quarantined = ledger.quarantine_staged(conn, tables.bad_name(batch.staging_table), batch_id, spec.name)
+            if quarantined != recorded.rows_quarantined:
+                raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
+        except ReconcileError as exc:
+            exc.attempt = batch.attempt  # the attempt checked here, for commit_batch to fail
+            raise
 
         # 5. Mark committed and drop what is left of staging.
         ledger.mark_committed(conn, batch_id)

@@ -21,34 +21,41 @@ class Settings:
     pipelines_dir: Path
     spark_master: str
     kafka_options: dict = field(default_factory=dict)  # consumer settings for every pipeline (security, ...)
+    schema_registry: dict = field(default_factory=dict)  # registry client settings for the registry formats
 
     @classmethod
     def from_env(cls) -> "Settings":
-        raw_options = os.environ.get("LEDGERBATCH_KAFKA_OPTIONS") or "{}"
-        try:
-            kafka_options = json.loads(raw_options)
-        except json.JSONDecodeError:
-            kafka_options = None
-        if not isinstance(kafka_options, dict):
-            raise ConfigError("LEDGERBATCH_KAFKA_OPTIONS must be a JSON object of librdkafka settings")
         return cls(
             db_url=os.environ.get("LEDGERBATCH_DB_URL") or DEFAULT_DB_URL,
             bootstrap_servers=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
             pipelines_dir=Path(os.environ.get("LEDGERBATCH_PIPELINES_DIR") or "pipelines"),
             spark_master=os.environ.get("LEDGERBATCH_SPARK_MASTER") or "local[*]",
-            kafka_options=kafka_options,
+            kafka_options=_json_object("LEDGERBATCH_KAFKA_OPTIONS", "librdkafka settings"),
+            schema_registry=_json_object("LEDGERBATCH_SCHEMA_REGISTRY", "schema registry client settings (url, ...)"),
         )
 
     def spec(self, name: str):
-        """Pipeline `name` from the pipelines dir, with the deployment's Kafka settings."""
+        """Pipeline `name` from the pipelines dir, with the deployment's Kafka and registry settings."""
+        from .registry import with_registry
         from .spec import load_spec, with_kafka_options
 
-        return with_kafka_options(load_spec(self.pipelines_dir, name), self.kafka_options)
+        return with_registry(with_kafka_options(load_spec(self.pipelines_dir, name), self.kafka_options),
+                             self.schema_registry)
 
     def require_bootstrap(self) -> str:
         if not self.bootstrap_servers:
             raise ConfigError("KAFKA_BOOTSTRAP_SERVERS is not set (start one with `ledgerbatch dev-broker`)")
         return self.bootstrap_servers
+
+
+def _json_object(variable: str, what: str) -> dict:
+    try:
+        value = json.loads(os.environ.get(variable) or "{}")
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{variable} must be a JSON object of {what}")
+    return value
 
 
 def safe_url(url: str) -> str:

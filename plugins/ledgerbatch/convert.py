@@ -1,12 +1,16 @@
-"""Strict conversion of decoded field values to the spec's column types, or a quarantine reason.
+"""Strict conversion of decoded scalar values to the spec's column types, or a quarantine reason.
 
-Decoders hand over Python values (JSON's str/int/Decimal/bool/list/dict, or a registry format's
-native values); each converter accepts what a user would call that type and refuses the rest.
+Decoders hand over Python values: JSON's str/int/Decimal/bool/list/dict, or a registry format's
+native values (float, bytes, datetime, date, UUID). Each converter accepts what a user would call
+that type and refuses the rest. Nested types are in convert_nested.py.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import json
+import uuid
 from decimal import Context, Decimal, InvalidOperation, ROUND_HALF_UP
 from typing import Callable
 
@@ -18,7 +22,11 @@ _WIDE = Context(prec=100)  # room to round any value that can fit DECIMAL(38, s)
 
 
 class BadValue(ValueError):
-    pass
+    """Why a record is quarantined; `path` locates the value inside a nested field."""
+
+    def __init__(self, message: str, path: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.path = path
 
 
 def _to_string(v):
@@ -32,9 +40,11 @@ def _to_string(v):
         return v
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, (int, Decimal)):
+    if isinstance(v, (int, Decimal, float, uuid.UUID)):  # uuid: Avro's logical type
         return str(v)
-    raise BadValue(f"expected a string, got a JSON {'array' if isinstance(v, list) else 'object'}")
+    if isinstance(v, (list, dict)):
+        raise BadValue(f"expected a string, got a JSON {'array' if isinstance(v, list) else 'object'}")
+    raise BadValue(f"expected a string, got {show(v)}")
 
 
 def _int_converter(bound: int):
@@ -49,7 +59,7 @@ def _int_converter(bound: int):
 
 def _float_converter(limit: float | None):
     def convert(v):
-        if isinstance(v, bool) or not isinstance(v, (int, Decimal)):
+        if isinstance(v, bool) or not isinstance(v, (int, Decimal, float)):
             raise BadValue(f"expected a number, got {show(v)}")
         f = float(v)
         if limit is not None and abs(f) > limit:
@@ -63,10 +73,10 @@ def _decimal_converter(col: Column):
     limit = Decimal(10) ** (col.precision - col.scale)
 
     def convert(v):
-        if isinstance(v, bool) or not isinstance(v, (int, Decimal, str)):
+        if isinstance(v, bool) or not isinstance(v, (int, Decimal, str, float)):
             raise BadValue(f"expected a decimal number, got {show(v)}")
-        try:
-            d = Decimal(v.strip()) if isinstance(v, str) else Decimal(v)
+        try:  # a float by its shortest repr: 0.1 is 0.1, not its binary expansion
+            d = Decimal(v.strip()) if isinstance(v, str) else Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
         except InvalidOperation:
             raise BadValue(f"{show(v)} is not a decimal number") from None
         if not d.is_finite():
@@ -85,6 +95,8 @@ def _to_bool(v):
 
 
 def _to_timestamp(v):
+    if isinstance(v, dt.datetime):  # Avro timestamp-millis/micros, protobuf Timestamp
+        return v.replace(tzinfo=dt.timezone.utc) if v.tzinfo is None else v.astimezone(dt.timezone.utc)
     if not isinstance(v, str):
         raise BadValue(f"expected an ISO-8601 timestamp string, got {show(v)}")
     try:
@@ -96,6 +108,8 @@ def _to_timestamp(v):
 
 
 def _to_date(v):
+    if isinstance(v, dt.date) and not isinstance(v, dt.datetime):  # Avro date
+        return v
     if not isinstance(v, str):
         raise BadValue(f"expected an ISO-8601 date string, got {show(v)}")
     try:
@@ -104,12 +118,33 @@ def _to_date(v):
         raise BadValue(f"{show(v)} is not an ISO-8601 date") from None
 
 
+def binary_bytes(v) -> bytes:
+    """BINARY: bytes as they are; a JSON string as base64 (what Spark's JSON reader expects)."""
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    if not isinstance(v, str):
+        raise BadValue(f"expected bytes or a base64 string, got {show(v)}")
+    try:
+        return base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadValue(f"{show(v)} is not base64") from None
+
+
+def _to_bytea(v) -> str:
+    return "\\x" + binary_bytes(v).hex()  # bytea's hex input form
+
+
 def show(v) -> str:
     text = json.dumps(v, default=str)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
 def converter(col: Column) -> Callable:
+    """The converter of a column's (or a nested field's) values to what is staged for it."""
+    if not col.is_scalar:
+        from .convert_nested import nested_converter
+
+        return nested_converter(col)
     if col.type in _INT_BOUNDS:
         return _int_converter(_INT_BOUNDS[col.type])
     return {
@@ -120,4 +155,5 @@ def converter(col: Column) -> Callable:
         "DECIMAL": _decimal_converter,
         "TIMESTAMP": lambda c: _to_timestamp,
         "DATE": lambda c: _to_date,
+        "BINARY": lambda c: _to_bytea,
     }[col.type](col)

@@ -20,6 +20,8 @@ class FencedError(LedgerbatchError):
 class ReconcileError(LedgerbatchError):
     """Counts that do not add up, or too many bad records: nothing is committed."""
 
+    attempt: int | None = None  # the attempt whose staged result was checked, where the commit knew it
+
 
 class DataLossError(LedgerbatchError):
     """Offsets the ledger needs are no longer in Kafka."""

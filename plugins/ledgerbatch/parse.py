@@ -5,6 +5,7 @@ module only lays the result out as the Arrow batch a staging task copies.
 """
 from __future__ import annotations
 
+import base64
 from typing import Callable, Iterator
 
 from pyspark.sql.types import (
@@ -13,8 +14,10 @@ from pyspark.sql.types import (
 )
 
 from .convert import BadValue, converter, show
+from .convert_nested import dumps
 from .decoders import Decoder, make_decoder
-from .schema import COORDINATES, Column
+from .schema import COORDINATES, METADATA, Column
+from .source import Records
 
 # Staging-only columns: why a record is bad, and its raw key/value as bytea hex text (bad records only).
 ERROR_COLUMNS = ("_error", "_key", "_value")
@@ -33,8 +36,12 @@ _SPARK_TYPES: dict[str, Callable[[Column], DataType]] = {
 }
 
 
-def staged_struct(columns: tuple[Column, ...]) -> StructType:
-    fields = [StructField(c.name, _SPARK_TYPES[c.type](c), True) for c in columns + COORDINATES]
+def staged_struct(columns: tuple[Column, ...], metadata: tuple[str, ...] = ()) -> StructType:
+    """The parsed rows: the schema's columns, the metadata columns, the coordinates, and why a record is
+    bad with its raw key and value (`_key` doubles as the metadata column when the spec asks for it)."""
+    stored = columns + tuple(METADATA[m] for m in metadata if m != "key")
+    fields = [StructField(c.name, StringType() if c.staged_as_text else _SPARK_TYPES[c.type](c), True)
+              for c in stored + COORDINATES]
     fields += [StructField(n, StringType(), True) for n in ERROR_COLUMNS]
     return StructType(fields)
 
@@ -51,7 +58,7 @@ def parse_value(raw: bytes | None, decoder: Decoder, columns: tuple[Column, ...]
         try:
             out.append(convert(v))
         except BadValue as exc:
-            raise BadValue(f"field {col.name}: {exc}") from None
+            raise BadValue(f"field {col.name}{''.join(exc.path)}: {exc}") from None
         except (ValueError, OverflowError, ArithmeticError) as exc:  # out of range for the type
             raise BadValue(f"field {col.name}: {show(v)} does not convert to {col.spark_ddl} ({exc})") from None
     return tuple(out)
@@ -61,24 +68,44 @@ def _hex(raw: bytes | None) -> str | None:
     return None if raw is None else "\\x" + raw.hex()
 
 
+def headers_json(headers: list | None) -> str:
+    """`_headers`: [{"key": k, "value": text}], or "value_base64" where the value is not UTF-8 text."""
+    out = []
+    for key, value in headers or ():
+        if value is None:
+            out.append({"key": key, "value": None})
+            continue
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        out.append({"key": key, "value": text} if text is not None and "\x00" not in text
+                   else {"key": key, "value_base64": base64.b64encode(value).decode()})
+    return dumps(out)
+
+
 class Parser:
     """Raw records of one partition -> one Arrow batch of staged rows (typed, or with `_error` and the
-    raw bytes as bytea hex text)."""
+    raw bytes as bytea hex text), with the Kafka metadata the spec asks for."""
 
-    def __init__(self, columns: tuple[Column, ...], required: tuple[str, ...] = (), decoder: Decoder | None = None):
+    def __init__(self, columns: tuple[Column, ...], required: tuple[str, ...] = (), decoder: Decoder | None = None,
+                 metadata: tuple[str, ...] = ()):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.columns = columns
+        self.metadata = metadata
         self.decoder = decoder or make_decoder("json")
-        self.schema = to_arrow_schema(staged_struct(columns), timezone="UTC")
+        self.schema = to_arrow_schema(staged_struct(columns, metadata), timezone="UTC")
         self.converters = [converter(c) for c in columns]
         self.required_at = [(i, c.name) for i, c in enumerate(columns) if c.name in required]
 
-    def parse(self, topic: str, partition: int, offsets: list[int], keys: list, values: list):
+    def parse(self, topic: str, partition: int, records: Records):
         import pyarrow as pa
 
         decoder, columns, converters, required_at = self.decoder, self.columns, self.converters, self.required_at
+        keys, values = records.keys, records.values
         rows, bad = [], {}  # bad: position -> reason
+        headers = [] if "headers" in self.metadata else None
         empty_row = (None,) * len(columns)
         for at, value in enumerate(values):
             try:
@@ -86,33 +113,46 @@ class Parser:
                 for i, name in required_at:
                     if row[i] is None:
                         raise BadValue(f"field {name}: missing or null, but it is part of the target key")
+                if headers is not None:
+                    headers.append(headers_json(records.headers[at]))
                 rows.append(row)
             except BadValue as exc:
                 rows.append(empty_row)
                 bad[at] = str(exc)
+                if headers is not None:
+                    headers.append(None)
         n = len(values)
-        typed = [pa.array(col, self.schema.field(i).type) for i, col in enumerate(zip(*rows))] if rows else \
-            [pa.nulls(0, self.schema.field(i).type) for i in range(len(columns))]
-        if bad:
+        field = self.schema.field
+        typed = [pa.array(col, field(i).type) for i, col in enumerate(zip(*rows))] if rows else \
+            [pa.nulls(0, field(i).type) for i in range(len(columns))]
+        if "timestamp" in self.metadata:
+            typed.append(pa.array(records.timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+                         .cast(field("_timestamp").type))
+        if headers is not None:
+            typed.append(pa.array(headers, pa.string()))
+        all_keys = "key" in self.metadata  # the `_key` column: every key, or bad records' keys only
+        if bad or all_keys:
             errors = [bad.get(at) for at in range(n)]
-            bad_keys = [_hex(keys[at]) if at in bad else None for at in range(n)]
+            row_keys = [_hex(keys[at]) if all_keys or at in bad else None for at in range(n)]
             bad_values = [_hex(values[at]) if at in bad else None for at in range(n)]
-            extra = [pa.array(errors, pa.string()), pa.array(bad_keys, pa.string()), pa.array(bad_values, pa.string())]
+            extra = [pa.array(errors, pa.string()), pa.array(row_keys, pa.string()), pa.array(bad_values, pa.string())]
         else:
             extra = [pa.nulls(n, pa.string())] * 3
         lineage = [pa.repeat(pa.scalar(topic, pa.string()), n), pa.repeat(pa.scalar(partition, pa.int32()), n),
-                   pa.array(offsets, pa.int64())]
+                   pa.array(records.offsets, pa.int64())]
         return pa.RecordBatch.from_arrays(typed + lineage + extra, schema=self.schema)
 
 
 def parse_batches(batches: Iterator, columns: tuple[Column, ...], required: tuple[str, ...] = (),
-                  fmt: str = "json", options: dict | None = None) -> Iterator:
+                  fmt: str = "json", options: dict | None = None, metadata: tuple[str, ...] = ()) -> Iterator:
     """mapInArrow body: raw Kafka record batches (source.RAW_SCHEMA) -> staged rows."""
-    parser = Parser(columns, required, make_decoder(fmt, options))
+    parser = Parser(columns, required, make_decoder(fmt, options), metadata)
     for batch in batches:
         if batch.num_rows:
             if len(batch.column("partition").unique()) != 1 or len(batch.column("topic").unique()) != 1:
                 raise RuntimeError("a parse task got records of two partitions in one batch")
-            yield parser.parse(batch.column("topic")[0].as_py(), batch.column("partition")[0].as_py(),
-                               batch.column("offset").to_pylist(), batch.column("key").to_pylist(),
-                               batch.column("value").to_pylist())
+            headers = [None if h is None else [(x["key"], x["value"]) for x in h]
+                       for h in batch.column("headers").to_pylist()]
+            records = Records(batch.column("offset").to_pylist(), batch.column("key").to_pylist(),
+                              batch.column("value").to_pylist(), batch.column("timestamp").to_pylist(), headers)
+            yield parser.parse(batch.column("topic")[0].as_py(), batch.column("partition")[0].as_py(), records)

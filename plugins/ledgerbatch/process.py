@@ -44,8 +44,9 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         batch_id=batch_id, attempt=attempt, ranges=batch.ranges,
         kafka=consumer_config(bootstrap_servers, dict(spec.kafka_options)), stall_timeout_s=stall_timeout_s,
         columns=spec.columns, required=spec.key, fmt=spec.format, format_options=dict(spec.format_options),
+        metadata=spec.metadata,
         table=StagingTable(libpq_dsn(db_url), staging, tables.staging_statements(spec, staging),
-                           tuple(c.name for c in spec.columns), batch_id),
+                           tuple(tables.column_names(spec)), batch_id),
         mark=ledger.staged_mark_statements(),
     )
     try:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from .errors import OFFSETS_LOST
 from .faults import crash_point
@@ -24,6 +24,9 @@ RAW_SCHEMA = StructType([
     StructField("offset", LongType(), False),
     StructField("key", BinaryType(), True),
     StructField("value", BinaryType(), True),
+    StructField("timestamp", LongType(), True),  # ms since the epoch; null where Kafka has none
+    StructField("headers", ArrayType(StructType([StructField("key", StringType(), False),
+                                                 StructField("value", BinaryType(), True)]), False), True),
 ])
 CHUNK = 10_000  # records per Arrow batch and per consume() call
 POLL_S = 0.05  # consume() waits this long for the last records of a range whose tail is a gap
@@ -31,6 +34,16 @@ POLL_S = 0.05  # consume() waits this long for the last records of a range whose
 
 class RangeReadError(RuntimeError):
     pass
+
+
+class Records(NamedTuple):
+    """One chunk of a range's records, as parallel lists. `timestamps` (ms, None where Kafka has none)
+    and `headers` (lists of (key, value) pairs) only when the reader was asked for metadata."""
+    offsets: list
+    keys: list
+    values: list
+    timestamps: list | None = None
+    headers: list | None = None
 
 
 class KafkaRangePartition(InputPartition):
@@ -72,23 +85,26 @@ def read_range(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) -> It
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(RAW_SCHEMA)
-    for offsets, keys, values in read_messages(rng, kafka_conf, stall_timeout_s):
-        n = len(offsets)
+    for records in read_messages(rng, kafka_conf, stall_timeout_s, metadata=True):
+        n = len(records.offsets)
+        headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in records.headers]
         yield pa.RecordBatch.from_arrays(
             [
                 pa.repeat(pa.scalar(rng.topic, pa.string()), n),
                 pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
-                pa.array(offsets, pa.int64()),
-                pa.array(keys, pa.binary()),
-                pa.array(values, pa.binary()),
+                pa.array(records.offsets, pa.int64()),
+                pa.array(records.keys, pa.binary()),
+                pa.array(records.values, pa.binary()),
+                pa.array(records.timestamps, pa.int64()),
+                pa.array(headers, schema.field("headers").type),
             ],
             schema=schema,
         )
 
 
-def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) -> Iterator[tuple[list, list, list]]:
-    """Yield (offsets, keys, values) chunks of exactly the records in `rng`."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float, metadata: bool = False) -> Iterator[Records]:
+    """Yield chunks of exactly the records in `rng`; with `metadata`, their timestamps and headers too."""
+    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(kafka_conf)
     tp = TopicPartition(rng.topic, rng.partition, rng.from_offset)
@@ -98,6 +114,7 @@ def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) ->
         while position < rng.until_offset:
             msgs = consumer.consume(min(CHUNK, rng.until_offset - position), POLL_S)
             offsets, keys, values = [], [], []
+            timestamps, headers = ([], []) if metadata else (None, None)
             for m in msgs:
                 if m.error():
                     # auto.offset.reset=error: a range that left the log reports its reset, not records
@@ -107,6 +124,10 @@ def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) ->
                     offsets.append(m.offset())
                     keys.append(m.key())
                     values.append(m.value())
+                    if metadata:
+                        kind, ms = m.timestamp()
+                        timestamps.append(None if kind == TIMESTAMP_NOT_AVAILABLE else ms)
+                        headers.append(m.headers())
             # The position also moves past records the consumer skips (markers, aborted records).
             previous = position
             position = max(position, consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset)
@@ -117,6 +138,6 @@ def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float) ->
                 raise RangeReadError(f"{rng}: no progress for {stall_timeout_s:.0f}s at offset {position}")
             if offsets:
                 crash_point("mid_read")
-                yield offsets, keys, values
+                yield Records(offsets, keys, values, timestamps, headers)
     finally:
         consumer.close()

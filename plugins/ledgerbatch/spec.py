@@ -9,13 +9,14 @@ import yaml
 
 from .errors import SpecError
 from .identifiers import check_ident, qualified
-from .decoders import DECODERS
-from .schema import Column, parse_schema
+from .decoders import DECODERS, REGISTRY_FORMATS
+from .decoders.registry import CLIENT_OPTIONS
+from .schema import METADATA, Column, parse_schema
 
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
 _SECTION_KEYS = {
-    "source": {"topics", "format", "schema", "start", "kafka"},
-    "target": {"table", "mode", "key"},
+    "source": {"topics", "format", "schema", "start", "kafka", "metadata", "schema_registry"},
+    "target": {"table", "mode", "key", "evolve"},
     "batch": {"max_records"},
     "errors": {"policy", "max_ratio"},
 }
@@ -41,6 +42,13 @@ class PipelineSpec:
     transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
     format: str = "json"  # a decoder of decoders.DECODERS
     format_options: tuple[tuple[str, str], ...] = ()  # the decoder's settings
+    metadata: tuple[str, ...] = ()  # Kafka metadata as columns: key, timestamp, headers (schema.METADATA)
+    evolve: str = "none"  # none | additive: columns new to the spec are added to the target at commit
+
+    @property
+    def stored_columns(self) -> tuple[Column, ...]:
+        """The target's columns before lineage: the schema's, then the metadata asked for."""
+        return self.columns + tuple(METADATA[m] for m in self.metadata)
 
 
 def load_spec(pipelines_dir: Path, name: str) -> PipelineSpec:
@@ -94,24 +102,34 @@ def parse_spec(doc: object) -> PipelineSpec:
     fmt = source.get("format", "json")
     if fmt not in DECODERS:
         raise SpecError(f"source.format {fmt!r} is not supported (supported: {', '.join(DECODERS)})")
-    columns = parse_schema(_required(source, "schema", "source"))
+    registry = _mapping(source.get("schema_registry", {}), "source.schema_registry", set(CLIENT_OPTIONS))
+    if fmt in REGISTRY_FORMATS:
+        # Without `schema:` the columns come from the registry (registry.resolve_columns).
+        columns = parse_schema(source["schema"]) if source.get("schema") is not None else ()
+    else:
+        if registry:
+            raise SpecError(f"source.schema_registry is only used by the registry formats ({', '.join(REGISTRY_FORMATS)})")
+        columns = parse_schema(_required(source, "schema", "source"))
     start = _choice(source.get("start", "earliest"), "source.start", ("earliest", "latest"))
+    metadata = source.get("metadata", [])
+    if not isinstance(metadata, list) or any(m not in METADATA for m in metadata) or len(set(metadata)) != len(metadata):
+        raise SpecError(f"source.metadata must be a list of distinct items from {', '.join(METADATA)}, got {metadata!r}")
     kafka_options = _mapping(source.get("kafka", {}), "source.kafka", None)
 
     target_schema, target_table = qualified(_required(target, "table", "target"), "target.table")
     if target_schema in ("ledger", "ledger_staging"):  # ledgerbatch creates and drops tables there
         raise SpecError(f"target.table: schema {target_schema!r} belongs to ledgerbatch; choose another")
     mode = _choice(target.get("mode", "append"), "target.mode", ("append", "upsert"))
+    transform = _mapping(top.get("transform", {}), "transform", None)
     key = target.get("key", [])
     if isinstance(key, str):
         key = [key]
     if not isinstance(key, list):
         raise SpecError("target.key must be a list of column names")
-    column_names = {c.name for c in columns}
     for k in key:
         check_ident(k, "target.key column")
-        if k not in column_names:
-            raise SpecError(f"target.key column {k!r} is not in source.schema")
+    if columns:
+        check_columns(columns, key, transform)
     if mode == "upsert" and not key:
         raise SpecError("target.mode upsert needs target.key (the columns that identify a row)")
     if mode == "append" and key:
@@ -124,12 +142,11 @@ def parse_spec(doc: object) -> PipelineSpec:
     ratio = errors.get("max_ratio", 0.05)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
         raise SpecError(f"errors.max_ratio must be a number between 0 and 1, got {ratio!r}")
-    transform = _mapping(top.get("transform", {}), "transform", None)
     for column, expression in transform.items():
-        if column not in column_names:
-            raise SpecError(f"transform: {column!r} is not a column of source.schema")
         if not isinstance(expression, str) or not expression.strip():
             raise SpecError(f"transform.{column} must be a Spark SQL expression string")
+    evolve = _choice(target.get("evolve", "additive" if fmt in REGISTRY_FORMATS else "none"), "target.evolve",
+                     ("none", "additive"))
     schedule = top.get("schedule")
     if schedule is not None and not isinstance(schedule, str):
         raise SpecError("schedule must be a cron expression or an Airflow preset such as '@hourly'")
@@ -150,7 +167,21 @@ def parse_spec(doc: object) -> PipelineSpec:
         kafka_options=tuple(sorted((str(k), str(v)) for k, v in kafka_options.items())),
         transform=tuple(transform.items()),
         format=fmt,
+        format_options=tuple(sorted((str(k), str(v)) for k, v in registry.items())),
+        metadata=tuple(m for m in METADATA if m in metadata),
+        evolve=evolve,
     )
+
+
+def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str], transform) -> None:
+    """What the spec says of its columns must name columns of the schema."""
+    names = {c.name for c in columns}
+    for k in key:
+        if k not in names:
+            raise SpecError(f"target.key column {k!r} is not in source.schema")
+    for column, _ in (transform.items() if isinstance(transform, dict) else transform):
+        if column not in names:
+            raise SpecError(f"transform: {column!r} is not a column of source.schema")
 
 
 def with_kafka_options(spec: PipelineSpec, options: dict[str, str]) -> PipelineSpec:

@@ -46,8 +46,8 @@ def _stage_dataframe(spark, spec: PipelineSpec, job: StagingJob, db_url: str) ->
         .load()
     )
     parse = functools.partial(parse_batches, columns=job.columns, required=job.required, fmt=job.fmt,
-                              options=job.format_options)
-    parsed = raw.mapInArrow(parse, staged_struct(job.columns))
+                              options=job.format_options, metadata=job.metadata)
+    parsed = raw.mapInArrow(parse, staged_struct(job.columns, job.metadata))
     (
         apply_transform(parsed, spec).write.format(stage_tasks.FORMAT).mode("append")
         .option("job", job.encode())
@@ -57,10 +57,11 @@ def _stage_dataframe(spark, spec: PipelineSpec, job: StagingJob, db_url: str) ->
 
 
 def apply_transform(df, spec: PipelineSpec):
-    """The spec's per-column Spark SQL expressions, on good rows only, cast back to the column type."""
+    """The spec's per-column Spark SQL expressions, on good rows only, cast back to the staged type
+    (nested and binary columns are staged as text)."""
     from pyspark.sql import functions as F
 
-    types = {c.name: c.spark_ddl for c in spec.columns}
+    types = {c.name: "STRING" if c.staged_as_text else c.spark_ddl for c in spec.columns}
     for column, expression in spec.transform:
         df = df.withColumn(column, F.when(F.col("_error").isNull(), F.expr(expression)).cast(types[column]))
     return df

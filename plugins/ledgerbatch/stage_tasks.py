@@ -57,6 +57,7 @@ class StagingJob:
     required: tuple[str, ...]  # key columns: a record without them is bad
     fmt: str
     format_options: dict
+    metadata: tuple[str, ...]  # Kafka metadata columns (spec.metadata)
     table: StagingTable
     mark: StagedMarkStatements
 
@@ -129,12 +130,12 @@ def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     from .source import read_messages
 
     schema = to_arrow_schema(COUNTS)
-    parser = Parser(job.columns, job.required, make_decoder(job.fmt, job.format_options))
+    parser = Parser(job.columns, job.required, make_decoder(job.fmt, job.format_options), job.metadata)
     for id_batch in ids:
         for i in id_batch.column(0).to_pylist():
             rng = job.ranges[i]
-            parsed = (parser.parse(rng.topic, rng.partition, *chunk)
-                      for chunk in read_messages(rng, job.kafka, job.stall_timeout_s))
+            parsed = (parser.parse(rng.topic, rng.partition, records)
+                      for records in read_messages(rng, job.kafka, job.stall_timeout_s, bool(job.metadata)))
             topic, partition, rows, bad = copy_range(parsed, job.table) or (rng.topic, rng.partition, 0, 0)
             yield pa.RecordBatch.from_pylist([{"topic": topic, "partition": partition, "rows": rows, "bad": bad}],
                                              schema=schema)

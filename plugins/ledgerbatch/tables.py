@@ -6,17 +6,18 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
+import logging
+
 from . import ledger
 from .errors import SpecError
+from .evolve import plan_evolution
 from .identifiers import quote_ident
 from .schema import LINEAGE
 from .spec import PipelineSpec
 from .sqlfiles import Fragment, query
 from .statements import StagingStatements
 
-# information_schema.columns.data_type of each PostgreSQL type ledgerbatch creates
-_INFO_TYPES = {"timestamptz": "timestamp with time zone"}
-
+log = logging.getLogger(__name__)
 
 def staging_name(batch_id: int, attempt: int) -> str:
     return f"b{batch_id}_a{attempt}"
@@ -28,11 +29,12 @@ def bad_name(staging: str) -> str:
 
 
 def column_defs(spec: PipelineSpec) -> Fragment:
-    return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in spec.columns))
+    return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in spec.stored_columns))
 
 
 def column_names(spec: PipelineSpec) -> list[str]:
-    return [c.name for c in spec.columns]
+    """The target's columns before lineage, in order."""
+    return [c.name for c in spec.stored_columns]
 
 
 def staging_statements(spec: PipelineSpec, staging: str) -> StagingStatements:
@@ -54,29 +56,28 @@ def table_exists(conn: Connection, schema: str, table: str) -> bool:
     return conn.execute(text(query("table_exists")), {"schema": schema, "table": table}).scalar_one()
 
 
-def check_target_shape(conn: Connection, spec: PipelineSpec) -> None:
-    """Refuse a target whose columns disagree with the spec."""
-    rows = conn.execute(text(query("table_columns")), {"schema": spec.target_schema, "table": spec.target_table})
-    actual = {r.column_name: r for r in rows}
-    expected = {c.name: c.pg_type for c in spec.columns + LINEAGE}
-    problems = []
-    for name, pg_type in expected.items():
-        col = actual.get(name)
-        base = pg_type.split("(")[0]
-        if col is None:
-            problems.append(f"{name} is missing")
-        elif col.data_type != _INFO_TYPES.get(base, base):
-            problems.append(f"{name} is {col.data_type}, the spec says {pg_type}")
-        elif base == "numeric" and f"numeric({col.numeric_precision},{col.numeric_scale})" != pg_type:
-            problems.append(f"{name} is numeric({col.numeric_precision},{col.numeric_scale}), the spec says {pg_type}")
-    if problems:
-        raise SpecError(f"target table {spec.target_schema}.{spec.target_table} disagrees with the spec: {'; '.join(problems)}")
+def evolve_target(conn: Connection, spec: PipelineSpec) -> None:
+    """Bring the target to the spec's columns where `target.evolve` allows it (evolve.py), in the
+    caller's transaction; refuse a target that disagrees otherwise."""
+    target = dict(schema=spec.target_schema, table=spec.target_table)
+    actual = {r.column_name: r.type for r in conn.execute(text(query("table_columns")), target)}
+    change = plan_evolution(actual, spec.stored_columns + LINEAGE, spec.evolve == "additive")
+    if change.problems:
+        raise SpecError(f"target table {spec.target_schema}.{spec.target_table} disagrees with the spec: "
+                        f"{'; '.join(change.problems)}")
+    for c in change.add:
+        conn.execute(text(query("add_column", column=c.name, type=Fragment(c.pg_type), **target)))
+        log.info("%s.%s: added column %s %s", spec.target_schema, spec.target_table, c.name, c.pg_type)
+    for c in change.widen:
+        conn.execute(text(query("widen_column", column=c.name, type=Fragment(c.pg_type), **target)))
+        log.info("%s.%s: widened column %s to %s", spec.target_schema, spec.target_table, c.name, c.pg_type)
 
 
-def staging_complete(conn: Connection, staging: str) -> bool:
-    """Both staging tables exist and the good rows carry their batch id (an earlier version staged
-    into one table without it)."""
-    return conn.execute(text(query("staging_complete")), {"staging": staging, "bad": bad_name(staging)}).scalar_one()
+def staging_complete(conn: Connection, spec: PipelineSpec, staging: str) -> bool:
+    """Both staging tables exist, the good rows carry their batch id (an earlier version staged into
+    one table without it) and every column the spec has now (it may have changed since staging)."""
+    return conn.execute(text(query("staging_complete")), {"staging": staging, "bad": bad_name(staging),
+                                                          "columns": column_names(spec) + ["_batch_id"]}).scalar_one()
 
 
 def lock_staging(conn: Connection, staging: str) -> None:

@@ -23,9 +23,11 @@ CREATE TABLE ledger_staging.{bad} (
 );
 
 -- name: staging_complete
+-- Both tables exist and the good rows' table has every listed column (:columns, a text array).
 SELECT to_regclass('ledger_staging.' || quote_ident(:bad)) IS NOT NULL
-   AND EXISTS (SELECT 1 FROM information_schema.columns
-               WHERE table_schema = 'ledger_staging' AND table_name = :staging AND column_name = '_batch_id');
+   AND (SELECT count(*) FROM information_schema.columns
+        WHERE table_schema = 'ledger_staging' AND table_name = :staging AND column_name = ANY(:columns))
+       = cardinality(CAST(:columns AS text[]));
 
 -- name: lock_staging
 -- The commit shuts out any straggling writer of the attempt before it counts and moves the rows.
@@ -50,9 +52,12 @@ DROP TABLE IF EXISTS ledger_staging.{staging}, ledger_staging.{bad};
 SELECT set_config('lock_timeout', :ms, true);
 
 -- name: table_columns
-SELECT column_name, data_type, numeric_precision, numeric_scale
-FROM information_schema.columns
-WHERE table_schema = :schema AND table_name = :table ORDER BY ordinal_position;
+-- Each column with its full type as PostgreSQL writes it (numeric(12,2), text[], jsonb, ...).
+SELECT a.attname AS column_name, format_type(a.atttypid, a.atttypmod) AS type
+FROM pg_attribute a
+WHERE a.attrelid = to_regclass(quote_ident(:schema) || '.' || quote_ident(:table))
+  AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum;
 
 -- name: target_layout
 -- Whether the target is partitioned, and whether this login may attach to it (owner, CREATE in schema).
@@ -66,3 +71,10 @@ SELECT to_regclass(quote_ident(:schema) || '.' || quote_ident(:table)) IS NOT NU
 
 -- name: count_rows
 SELECT count(*) AS rows, count(DISTINCT (_topic, _partition, _offset)) AS distinct_coordinates FROM {schema}.{table};
+
+-- name: add_column
+-- target.evolve additive: a column new to the spec, nullable, inside the commit's transaction.
+ALTER TABLE {schema}.{table} ADD COLUMN {column} {type};
+
+-- name: widen_column
+ALTER TABLE {schema}.{table} ALTER COLUMN {column} TYPE {type};

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol
 
+from .avro import AvroDecoder
 from .json import JsonDecoder
+from .json_schema import JsonSchemaDecoder
+from .protobuf import ProtobufDecoder
 
 
 class Decoder(Protocol):
@@ -19,7 +22,9 @@ class Decoder(Protocol):
         """The record's fields by name (absent fields are NULL); raises BadValue."""
 
 
-DECODERS: dict[str, type[Decoder]] = {"json": JsonDecoder}
+DECODERS: dict[str, type[Decoder]] = {"json": JsonDecoder, "avro": AvroDecoder, "protobuf": ProtobufDecoder,
+                                      "json_schema": JsonSchemaDecoder}
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 
 
 def make_decoder(fmt: str, options: dict | None = None) -> Decoder:

@@ -15,9 +15,9 @@ class TargetMode(ABC):
     rows_match_records: bool
 
     def ensure_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        """Create the target on first use; refuse one whose columns disagree with the spec."""
+        """Create the target on first use, evolve it as the spec allows, refuse it if it disagrees."""
         self.create_target(conn, spec)
-        tables.check_target_shape(conn, spec)
+        tables.evolve_target(conn, spec)
 
     @abstractmethod
     def create_target(self, conn: Connection, spec: PipelineSpec) -> None:

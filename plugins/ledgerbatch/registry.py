@@ -1,0 +1,69 @@
+"""Specs of the registry formats at run time: the deployment's registry settings under the spec's
+own, and columns from the registry when the spec lists none.
+
+Without `source.schema`, the columns are the fields of the latest schema of the subject
+`<first topic>-value` (TopicNameStrategy), read when the spec is loaded; with `target.evolve:
+additive` (the default for registry formats) a field added in a later version becomes a new
+nullable target column at the next commit.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .decoders import REGISTRY_FORMATS, make_decoder
+from .decoders.registry import registry_client
+from .errors import ConfigError, SpecError
+from .schema import parse_schema
+from .spec import PipelineSpec, check_columns
+
+
+def with_registry(spec: PipelineSpec, deployment: dict[str, str]) -> PipelineSpec:
+    """The spec with the deployment's registry settings (LEDGERBATCH_SCHEMA_REGISTRY, or the Airflow
+    connection ledgerbatch_schema_registry) under its own; the columns resolved if it lists none."""
+    if spec.format not in REGISTRY_FORMATS:
+        return spec
+    options = {**{str(k): str(v) for k, v in deployment.items()}, **dict(spec.format_options)}
+    if not options.get("url"):
+        raise ConfigError(f"pipeline {spec.name}: format {spec.format} needs a schema registry: set "
+                          f"source.schema_registry.url, LEDGERBATCH_SCHEMA_REGISTRY or the Airflow connection "
+                          f"ledgerbatch_schema_registry")
+    spec = replace(spec, format_options=tuple(sorted(options.items())))
+    return spec if spec.columns else resolve_columns(spec)
+
+
+def subject(spec: PipelineSpec) -> str:
+    return f"{spec.topics[0]}-value"
+
+
+def resolve_columns(spec: PipelineSpec) -> PipelineSpec:
+    """Columns from the subject's latest schema."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    options = dict(spec.format_options)
+    try:
+        latest = registry_client(options).get_latest_version(subject(spec))
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == 404:
+            raise SpecError(f"pipeline {spec.name}: no schema:, and the registry has no subject {subject(spec)} "
+                            f"to take the columns from; register the topic's schema or list source.schema") from None
+        raise ConfigError(f"schema registry {options['url']} answered {exc.http_status_code}: {exc.error_message}") from None
+    except Exception as exc:  # the transport's own errors: the registry is down or unreachable
+        raise ConfigError(f"schema registry {options['url']} is not reachable: {exc}") from None
+    ddl = _columns_ddl(spec, latest.schema)
+    try:
+        columns = parse_schema(ddl)
+        check_columns(columns, spec.key, spec.transform)
+    except SpecError as exc:
+        raise SpecError(f"pipeline {spec.name}: the columns of {subject(spec)} version {latest.version} "
+                        f"({ddl}) do not make a valid schema: {exc}") from None
+    return replace(spec, columns=columns)
+
+
+def _columns_ddl(spec: PipelineSpec, schema) -> str:
+    from .decoders import avro, json_schema, protobuf
+
+    if spec.format == "avro":
+        return avro.columns_ddl(schema)
+    if spec.format == "json_schema":
+        return json_schema.columns_ddl(schema)
+    return protobuf.columns_ddl(schema, make_decoder("protobuf", dict(spec.format_options)))
