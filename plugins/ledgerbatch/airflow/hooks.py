@@ -1,9 +1,14 @@
-"""Hooks: ledgerbatch settings from Airflow Connections.
+"""Hooks: ledgerbatch's clients and settings from Airflow Connections (the hooks own the clients; operators
+only hold connection ids and build their hooks in `execute`).
 
 - `ledgerbatch_db` (type postgres): the ledger and target database.
 - `ledgerbatch_kafka` (any type): extra holds librdkafka settings, at least `bootstrap.servers`.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from sqlalchemy.engine import URL
@@ -11,8 +16,17 @@ from sqlalchemy.engine import URL
 from ..config import Settings
 from ..errors import ConfigError
 
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
 
 class LedgerHook(BaseHook):
+    """The ledger and target database of a postgres connection.
+
+    :param ledger_conn_id: The connection to use, defaults to "ledgerbatch_db". Its extra becomes the
+        URL's query (sslmode, ...).
+    """
+
     conn_name_attr = "ledger_conn_id"
     default_conn_name = "ledgerbatch_db"
     conn_type = "postgres"
@@ -21,16 +35,44 @@ class LedgerHook(BaseHook):
     def __init__(self, ledger_conn_id: str = default_conn_name):
         super().__init__()
         self.ledger_conn_id = ledger_conn_id
+        self._url: str | None = None
+        self._engine: Engine | None = None
 
     def get_url(self) -> str:
-        conn = self.get_connection(self.ledger_conn_id)
-        url = URL.create("postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
-                         host=conn.host or None, port=conn.port or None, database=conn.schema or None,
-                         query={k: str(v) for k, v in conn.extra_dejson.items()})  # sslmode, ...
-        return url.render_as_string(hide_password=False)
+        """The connection as a SQLAlchemy URL (psycopg2), password included; read once per hook."""
+        if self._url is None:
+            conn = self.get_connection(self.ledger_conn_id)
+            url = URL.create("postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
+                             host=conn.host or None, port=conn.port or None, database=conn.schema or None,
+                             query={k: str(v) for k, v in conn.extra_dejson.items()})  # sslmode, ...
+            self._url = url.render_as_string(hide_password=False)
+        return self._url
+
+    def get_engine(self) -> Engine:
+        """The engine of `get_url()` (ledgerbatch.db.make_engine: PostgreSQL, checked reachable); built once
+        per hook."""
+        if self._engine is None:
+            from ..db import make_engine
+
+            self._engine = make_engine(self.get_url())
+        return self._engine
+
+    def get_conn(self) -> Engine:
+        """The hook's client: `get_engine()`."""
+        return self.get_engine()
 
 
 class KafkaConfigHook(BaseHook):
+    """Kafka client settings of a connection whose extra holds librdkafka settings.
+
+    ledgerbatch reads explicit offset ranges only, so the hook builds no consumer itself: it returns the
+    bootstrap servers, the deployment's consumer options (security, ...) and ready consumer settings
+    (ledgerbatch.kafka.consumer_config) for the planner's and the readers' consumers.
+
+    :param kafka_conn_id: The connection to use, defaults to "ledgerbatch_kafka". Its extra needs at least
+        `bootstrap.servers`.
+    """
+
     conn_name_attr = "kafka_conn_id"
     default_conn_name = "ledgerbatch_kafka"
     conn_type = "generic"
@@ -39,17 +81,47 @@ class KafkaConfigHook(BaseHook):
     def __init__(self, kafka_conn_id: str = default_conn_name):
         super().__init__()
         self.kafka_conn_id = kafka_conn_id
+        self._config: dict[str, str] | None = None
 
     def get_config(self) -> dict[str, str]:
-        extra = dict(self.get_connection(self.kafka_conn_id).extra_dejson)
-        if not extra.get("bootstrap.servers"):
-            raise ConfigError(f"connection {self.kafka_conn_id} needs `bootstrap.servers` in its extra")
-        return {str(k): str(v) for k, v in extra.items()}
+        """The connection's librdkafka settings as strings, `bootstrap.servers` included; read once per hook."""
+        if self._config is None:
+            extra = dict(self.get_connection(self.kafka_conn_id).extra_dejson)
+            if not extra.get("bootstrap.servers"):
+                raise ConfigError(f"connection {self.kafka_conn_id} needs `bootstrap.servers` in its extra")
+            self._config = {str(k): str(v) for k, v in extra.items()}
+        return dict(self._config)
+
+    def get_bootstrap_servers(self) -> str:
+        return self.get_config()["bootstrap.servers"]
+
+    def get_options(self) -> dict[str, str]:
+        """The deployment-wide consumer options: every setting but `bootstrap.servers` (Settings.kafka_options,
+        LEDGERBATCH_KAFKA_OPTIONS of the Spark job)."""
+        options = self.get_config()
+        del options["bootstrap.servers"]
+        return options
+
+    def get_consumer_config(self, options: Mapping[str, Any] | None = None) -> dict:
+        """Ready settings of a ledgerbatch consumer: the connection's options under `options` (a spec's own
+        `source.kafka`, as ledgerbatch.spec.with_kafka_options merges them), the exactness settings over all."""
+        from ..kafka import consumer_config
+
+        return consumer_config(self.get_bootstrap_servers(), {**self.get_options(), **dict(options or {})})
+
+    def get_conn(self) -> dict:
+        """The hook's client settings: `get_consumer_config()`."""
+        return self.get_consumer_config()
 
 
-def settings_from_connections(ledger_conn_id: str, kafka_conn_id: str, pipelines_dir: str) -> Settings:
+def settings_from_hooks(ledger: LedgerHook, kafka: KafkaConfigHook, pipelines_dir: str | Path) -> Settings:
+    """The same Settings the CLI reads from the environment, from the hooks' connections instead."""
+    kafka_options = kafka.get_options()
+    bootstrap = kafka.get_bootstrap_servers()
+    return Settings(db_url=ledger.get_url(), bootstrap_servers=bootstrap, pipelines_dir=pipelines_dir,
+                    spark_master="", kafka_options=kafka_options)
+
+
+def settings_from_connections(ledger_conn_id: str, kafka_conn_id: str, pipelines_dir: str | Path) -> Settings:
     """The same Settings the CLI reads from the environment, from Airflow Connections instead."""
-    kafka = KafkaConfigHook(kafka_conn_id).get_config()
-    bootstrap = kafka.pop("bootstrap.servers")
-    return Settings(db_url=LedgerHook(ledger_conn_id).get_url(), bootstrap_servers=bootstrap,
-                    pipelines_dir=pipelines_dir, spark_master="", kafka_options=kafka)
+    return settings_from_hooks(LedgerHook(ledger_conn_id), KafkaConfigHook(kafka_conn_id), pipelines_dir)

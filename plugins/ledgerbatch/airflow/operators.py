@@ -1,13 +1,18 @@
 """Operators: thin adapters over the ledgerbatch package. Every one is safe to retry at any point:
-the ledger, not Airflow, decides what is planned, staged and committed."""
+the ledger, not Airflow, decides what is planned, staged and committed.
+
+`__init__` only keeps arguments; connections, the database and the spec file are read in `execute`,
+through the hooks (LedgerHook owns the engine, KafkaConfigHook the Kafka settings)."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 import time
+from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.python import ShortCircuitOperator
@@ -15,54 +20,96 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk.observability.stats import Stats
 
-from ..config import REPO_ROOT
+from ..config import REPO_ROOT, Settings
 from ..events import phase_event
-from .hooks import settings_from_connections
+from .hooks import KafkaConfigHook, LedgerHook, settings_from_hooks
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from ..spec import PipelineSpec
 
 SPARK_JOB = REPO_ROOT / "spark_jobs" / "process_batch.py"
 
 
-class _LedgerbatchMixin:
-    def _init_settings(self, pipeline: str, pipelines_dir: str, ledger_conn_id: str, kafka_conn_id: str) -> None:
+class LedgerbatchBaseOperator(BaseOperator):
+    """The arguments every ledgerbatch operator shares, and its hooks (built on first use, in `execute`).
+
+    The ShortCircuitOperator and SparkSubmitOperator subclasses put this class first among their bases:
+    its `__init__` takes these arguments and hands the rest on to theirs.
+
+    :param pipeline: Name of the pipeline spec, `<pipelines_dir>/<pipeline>.yaml` (templated).
+    :param pipelines_dir: Directory of the pipeline specs.
+    :param ledger_conn_id: Connection of the ledger and target database (see LedgerHook),
+        defaults to "ledgerbatch_db".
+    :param kafka_conn_id: Connection whose extra holds the librdkafka settings (see KafkaConfigHook),
+        defaults to "ledgerbatch_kafka".
+    """
+
+    template_fields: Sequence[str] = ("pipeline",)
+
+    def __init__(self, *, pipeline: str, pipelines_dir: str | Path,
+                 ledger_conn_id: str = LedgerHook.default_conn_name,
+                 kafka_conn_id: str = KafkaConfigHook.default_conn_name, **kwargs: Any):
+        super().__init__(**kwargs)
         self.pipeline = pipeline
         self.pipelines_dir = str(pipelines_dir)
         self.ledger_conn_id = ledger_conn_id
         self.kafka_conn_id = kafka_conn_id
 
-    def _settings(self):
-        return settings_from_connections(self.ledger_conn_id, self.kafka_conn_id, Path(self.pipelines_dir))
+    @cached_property
+    def ledger_hook(self) -> LedgerHook:
+        return LedgerHook(self.ledger_conn_id)
 
-    def _engine_and_spec(self):
-        from ..db import make_engine
+    @cached_property
+    def kafka_hook(self) -> KafkaConfigHook:
+        return KafkaConfigHook(self.kafka_conn_id)
 
-        settings = self._settings()
-        return settings, make_engine(settings.db_url), settings.spec(self.pipeline)
+    @cached_property
+    def settings(self) -> Settings:
+        """The settings the CLI reads from the environment, from the two connections."""
+        return settings_from_hooks(self.ledger_hook, self.kafka_hook, Path(self.pipelines_dir))
 
-    def _phase_event(self, phase: str, engine, batch_id: int, started: float, **counts) -> None:
+    def load_spec(self) -> PipelineSpec:
+        """The pipeline's spec, with the Kafka connection's options under its own `source.kafka`."""
+        return self.settings.spec(self.pipeline)
+
+    def _engine_and_spec(self) -> tuple[Engine, PipelineSpec]:
+        """Both connections first, then the database (checked reachable), then the spec file."""
+        settings = self.settings
+        return self.ledger_hook.get_engine(), settings.spec(self.pipeline)
+
+    def _phase_event(self, phase: str, batch_id: int, started: float, **counts) -> None:
         """The phase's event line and metrics, through Airflow's Stats (the deployment's [metrics] settings)."""
         from .. import ledger
 
-        with engine.connect() as conn:
+        with self.ledger_hook.get_engine().connect() as conn:
             batch = ledger.get_batch(conn, batch_id)
         phase_event(phase, batch, time.monotonic() - started, stats=Stats, **counts)
 
 
-class PlanBatchOperator(_LedgerbatchMixin, ShortCircuitOperator):
-    """Resume the unfinished live batch or plan the next one; returns its id. Nothing new: downstream is skipped."""
+class PlanBatchOperator(LedgerbatchBaseOperator, ShortCircuitOperator):
+    """Resume the unfinished live batch or plan the next one; returns its id. Nothing new: downstream is skipped.
 
-    template_fields = (*ShortCircuitOperator.template_fields, "pipeline")
+    Takes the arguments of LedgerbatchBaseOperator; the others go to ShortCircuitOperator.
+    """
 
-    def __init__(self, *, pipeline: str, pipelines_dir: str, ledger_conn_id: str = "ledgerbatch_db",
-                 kafka_conn_id: str = "ledgerbatch_kafka", **kwargs: Any):
-        self._init_settings(pipeline, pipelines_dir, ledger_conn_id, kafka_conn_id)
+    template_fields = (*ShortCircuitOperator.template_fields, *LedgerbatchBaseOperator.template_fields)
+
+    def __init__(self, **kwargs: Any):
         super().__init__(python_callable=self._plan, **kwargs)
+
+    def execute(self, context) -> int | None:
+        # Airflow executes a copy of the parsed operator (rendered fields, hooks of this try): plan on it.
+        self.python_callable = self._plan
+        return super().execute(context)
 
     def _plan(self) -> int | None:
         from ..planner import plan_next
 
-        settings, engine, spec = self._engine_and_spec()
+        engine, spec = self._engine_and_spec()
         started = time.monotonic()
-        batch = plan_next(engine, spec, settings.bootstrap_servers)
+        batch = plan_next(engine, spec, self.kafka_hook.get_bootstrap_servers())
         if batch is None:
             self.log.info("%s is caught up: no batch to run", self.pipeline)
             return None
@@ -71,41 +118,50 @@ class PlanBatchOperator(_LedgerbatchMixin, ShortCircuitOperator):
         return batch.batch_id
 
 
-class PlanReplayOperator(_LedgerbatchMixin, BaseOperator):
-    """Plan a replay or backfill batch from the backfill DAG's params; returns its id."""
+class PlanReplayOperator(LedgerbatchBaseOperator):
+    """Plan a replay or backfill batch from the backfill DAG's params; returns its id.
 
-    template_fields = ("pipeline", "request")
+    :param request: The backfill DAG's params (pipeline, topic, partitions, from/until offset or time),
+        as a dict or its JSON (templated).
+    """
 
-    def __init__(self, *, pipeline: str, request: dict | str, pipelines_dir: str, ledger_conn_id: str = "ledgerbatch_db",
-                 kafka_conn_id: str = "ledgerbatch_kafka", **kwargs: Any):
+    template_fields = (*LedgerbatchBaseOperator.template_fields, "request")
+
+    def __init__(self, *, request: dict | str, **kwargs: Any):
         super().__init__(**kwargs)
-        self._init_settings(pipeline, pipelines_dir, ledger_conn_id, kafka_conn_id)
         self.request = request
 
     def execute(self, context) -> int:
         from ..replay import plan_replay, request_from_params, resolve_ranges
 
-        settings, engine, spec = self._engine_and_spec()
+        engine, spec = self._engine_and_spec()
         params = json.loads(self.request) if isinstance(self.request, str) else self.request
         started = time.monotonic()
-        ranges = resolve_ranges(spec, settings.bootstrap_servers, request_from_params(spec, params))
+        ranges = resolve_ranges(spec, self.kafka_hook.get_bootstrap_servers(), request_from_params(spec, params))
         batch = plan_replay(engine, spec, ranges)
         phase_event("plan", batch, time.monotonic() - started, stats=Stats)
         self.log.info("%s batch %d: %s", batch.kind, batch.batch_id, ", ".join(map(str, batch.ranges)))
         return batch.batch_id
 
 
-class ProcessBatchOperator(_LedgerbatchMixin, SparkSubmitOperator):
-    """spark-submit spark_jobs/process_batch.py for one batch; a retry re-runs the same pinned ranges."""
+class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
+    """spark-submit spark_jobs/process_batch.py for one batch; a retry re-runs the same pinned ranges.
 
-    def __init__(self, *, pipeline: str, batch_id: str, pipelines_dir: str, ledger_conn_id: str = "ledgerbatch_db",
-                 kafka_conn_id: str = "ledgerbatch_kafka", **kwargs: Any):
+    :param batch_id: The batch to process, usually the plan task's XCom (templated). It becomes the job's
+        `--batch-id` argument at execute time.
+
+    The other arguments go to SparkSubmitOperator (`conn_id` defaults to "spark_default"); `application`,
+    `name` and `application_args` are set here.
+    """
+
+    template_fields = (*SparkSubmitOperator.template_fields, *LedgerbatchBaseOperator.template_fields, "batch_id")
+
+    def __init__(self, *, pipeline: str, batch_id: str, **kwargs: Any):
         kwargs.setdefault("conn_id", "spark_default")
-        super().__init__(application=str(SPARK_JOB), name=f"ledgerbatch-{pipeline}",
-                         application_args=["--pipeline", pipeline, "--batch-id", batch_id], **kwargs)
-        self._init_settings(pipeline, pipelines_dir, ledger_conn_id, kafka_conn_id)
+        super().__init__(pipeline=pipeline, application=str(SPARK_JOB), name=f"ledgerbatch-{pipeline}", **kwargs)
+        self.batch_id = batch_id
 
-    def job_env(self, settings) -> dict[str, str]:
+    def job_env(self, settings: Settings) -> dict[str, str]:
         """The spark-submit job's environment: the same settings the CLI reads, from the connections
         (Kafka security settings travel in LEDGERBATCH_KAFKA_OPTIONS to the driver and its readers)."""
         bindir = str(Path(sys.executable).parent)
@@ -121,26 +177,26 @@ class ProcessBatchOperator(_LedgerbatchMixin, SparkSubmitOperator):
         }
 
     def execute(self, context) -> None:
-        from ..db import make_engine
-
-        settings = self._settings()
-        self.env_vars = self.job_env(settings)
+        self.env_vars = self.job_env(self.settings)
+        self.application_args = ["--pipeline", self.pipeline, "--batch-id", str(self.batch_id)]
         started = time.monotonic()
         super().execute(context)
-        batch_id = int(self.application_args[-1])  # the rendered template of --batch-id
-        self._phase_event("process", make_engine(settings.db_url), batch_id, started)
+        self._phase_event("process", int(self.batch_id), started)
 
 
-class CommitBatchOperator(_LedgerbatchMixin, BaseOperator):
+class CommitBatchOperator(LedgerbatchBaseOperator):
     """The one commit transaction; a retry after a commit that succeeded is a no-op.
-    With `dry_run`, report the staged rows' diff against the target and abandon the batch instead."""
+    With `dry_run`, report the staged rows' diff against the target and abandon the batch instead.
 
-    template_fields = ("pipeline", "batch_id", "dry_run")
+    :param batch_id: The batch to commit, usually the plan task's XCom (templated).
+    :param dry_run: Report the diff and abandon the batch instead of committing: a bool, or a string
+        "true"/"1" (templated).
+    """
 
-    def __init__(self, *, pipeline: str, batch_id: str, pipelines_dir: str, dry_run: bool | str = False,
-                 ledger_conn_id: str = "ledgerbatch_db", kafka_conn_id: str = "ledgerbatch_kafka", **kwargs: Any):
+    template_fields = (*LedgerbatchBaseOperator.template_fields, "batch_id", "dry_run")
+
+    def __init__(self, *, batch_id: str, dry_run: bool | str = False, **kwargs: Any):
         super().__init__(**kwargs)
-        self._init_settings(pipeline, pipelines_dir, ledger_conn_id, kafka_conn_id)
         self.batch_id = batch_id
         self.dry_run = dry_run
 
@@ -148,14 +204,14 @@ class CommitBatchOperator(_LedgerbatchMixin, BaseOperator):
         from ..commit import commit_batch
         from ..replay import dry_run_diff
 
-        _, engine, spec = self._engine_and_spec()
+        engine, spec = self._engine_and_spec()
         if str(self.dry_run).lower() in ("true", "1"):
             diff = dry_run_diff(engine, spec, int(self.batch_id))
             self.log.info("dry run of batch %s, target unchanged: %s", self.batch_id, diff)
             return {"dry_run": True, **diff.__dict__}
         started = time.monotonic()
         result = commit_batch(engine, spec, int(self.batch_id))
-        self._phase_event("commit", engine, int(self.batch_id), started, rows_written=result.rows_written,
+        self._phase_event("commit", int(self.batch_id), started, rows_written=result.rows_written,
                           rows_quarantined=result.rows_quarantined, committed_now=not result.already_committed)
         self.log.info("batch %s %s: %d rows written, %d quarantined", self.batch_id,
                       "was already committed" if result.already_committed else "committed",
@@ -164,24 +220,16 @@ class CommitBatchOperator(_LedgerbatchMixin, BaseOperator):
                 "rows_written": result.rows_written, "rows_quarantined": result.rows_quarantined}
 
 
-class VerifyOperator(_LedgerbatchMixin, BaseOperator):
+class VerifyOperator(LedgerbatchBaseOperator):
     """`ledgerbatch verify`: fails (without retrying) naming each violated invariant."""
-
-    template_fields = ("pipeline",)
-
-    def __init__(self, *, pipeline: str, pipelines_dir: str, ledger_conn_id: str = "ledgerbatch_db",
-                 kafka_conn_id: str = "ledgerbatch_kafka", **kwargs: Any):
-        super().__init__(**kwargs)
-        self._init_settings(pipeline, pipelines_dir, ledger_conn_id, kafka_conn_id)
 
     def execute(self, context) -> None:
         from ..verify import verify
 
-        _, engine, spec = self._engine_and_spec()
+        engine, spec = self._engine_and_spec()
         problems = verify(engine, spec)
         for problem in problems:
             self.log.error("VIOLATION %s: %s", self.pipeline, problem)
         if problems:
             raise AirflowFailException(f"{len(problems)} invariant violations in {self.pipeline}: {problems[0]}")
         self.log.info("%s: all invariants hold", self.pipeline)
-
