@@ -61,6 +61,15 @@ def broker():
 
 
 @pytest.fixture(scope="session")
+def registry():
+    """The dev schema registry (ledgerbatch.devregistry), a real HTTP server for the registry formats."""
+    from ledgerbatch.devregistry import DevRegistry
+
+    with DevRegistry() as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
 def spark():
     from ledgerbatch.sparksession import get_spark
 

@@ -3,166 +3,21 @@ then commit_batch on the real PostgreSQL. Fencing, reconciliation, the no-op sec
 target modes, a replay and each crash point of the commit's one transaction."""
 from __future__ import annotations
 
-import itertools
-import os
 import re
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-import yaml
 from sqlalchemy import text
 
 from ledgerbatch import ledger, tables
 from ledgerbatch.commit import commit_batch
 from ledgerbatch.errors import FencedError, LedgerbatchError, ReconcileError
 from ledgerbatch.ranges import OffsetRange
-from ledgerbatch.spec import load_spec
 from ledgerbatch.states import BatchKind, BatchStatus
 from ledgerbatch.verify import verify
 
+from .staged import batch, begin, cursors, fill, plan, qrow, quarantine, row, staged_batch, staging_tables, target
+
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-SCHEMA = "order_id STRING, customer STRING, amount DECIMAL(12,2), ts TIMESTAMP"
-_names = itertools.count()
-
-
-# -- a pipeline without a broker, and batches staged by hand
-
-class Pipe:
-    """A uniquely named pipeline and target table; its spec is a YAML file (a child process loads it too)."""
-
-    def __init__(self, directory: Path, mode: str = "append", max_ratio: float = 0.5, policy: str = "quarantine"):
-        self.name = f"c{os.getpid()}_{next(_names)}"
-        self.topic = f"t_{self.name}"
-        self.table = f"target_{self.name}"
-        self.dir = directory
-        target = {"table": f"public.{self.table}", "mode": mode}
-        if mode == "upsert":
-            target["key"] = ["order_id"]
-        doc = {"name": self.name, "source": {"topics": [self.topic], "format": "json", "schema": SCHEMA},
-               "target": target, "errors": {"policy": policy, "max_ratio": max_ratio}}
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / f"{self.name}.yaml").write_text(yaml.safe_dump(doc))
-        self.spec = load_spec(directory, self.name)
-
-
-@pytest.fixture
-def make_pipe(tmp_path):
-    def make(**kw) -> Pipe:
-        return Pipe(tmp_path / "pipelines", **kw)
-    return make
-
-
-@dataclass(frozen=True)
-class Staged:
-    batch_id: int
-    attempt: int
-    staging: str
-
-
-def plan(engine, p: Pipe, ranges: dict[int, tuple[int, int]], kind: BatchKind = BatchKind.LIVE) -> int:
-    """A batch of explicit ranges {partition: (from, until)}; a live batch's cursors start at `from`
-    when the pipeline has none yet."""
-    offset_ranges = [OffsetRange(p.topic, part, lo, hi) for part, (lo, hi) in sorted(ranges.items())]
-    with engine.begin() as conn:
-        if kind == BatchKind.LIVE:
-            ledger.init_cursors(conn, p.name, {r.topic_partition: r.from_offset for r in offset_ranges})
-        return ledger.insert_batch(conn, p.name, kind, offset_ranges)
-
-
-def begin(engine, p: Pipe, batch_id: int) -> Staged:
-    """A new attempt with its (empty) staging tables, as process_batch starts one."""
-    with engine.begin() as conn:
-        attempt = ledger.begin_attempt(conn, batch_id)
-        staging = tables.staging_name(batch_id, attempt)
-        tables.create_staging(conn, p.spec, staging, batch_id)
-    return Staged(batch_id, attempt, staging)
-
-
-def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
-         counts: dict[int, tuple[int, int]] | None = None) -> None:
-    """Good rows (partition, offset, order_id, amount) and bad records (partition, offset, error) by
-    plain INSERTs, then mark_staged with `counts` {partition: (rows incl. bad, bad)} (by default the
-    true counts of what was inserted)."""
-    with engine.begin() as conn:
-        if good:
-            conn.execute(text(
-                f'INSERT INTO ledger_staging."{s.staging}" (order_id, customer, amount, ts, _topic, _partition, _offset, _batch_id) '
-                "VALUES (:order_id, 'c', :amount, '2026-11-21T10:00:00Z', :topic, :partition, :offset, :batch_id)"),
-                [{"order_id": oid, "amount": amount, "topic": p.topic, "partition": part, "offset": off,
-                  "batch_id": s.batch_id} for part, off, oid, amount in good])
-        if bad:
-            conn.execute(text(
-                f'INSERT INTO ledger_staging."{tables.bad_name(s.staging)}" (_topic, _partition, _offset, _error, _key, _value) '
-                "VALUES (:topic, :partition, :offset, :error, :key, :value)"),
-                [{"topic": p.topic, "partition": part, "offset": off, "error": error, "key": f"k{off}".encode(),
-                  "value": b"\xff" + error.encode()} for part, off, error in bad])
-        if counts is None:
-            counts = {}
-            for part, *_ in good:
-                rows, nbad = counts.get(part, (0, 0))
-                counts[part] = (rows + 1, nbad)
-            for part, *_ in bad:
-                rows, nbad = counts.get(part, (0, 0))
-                counts[part] = (rows + 1, nbad + 1)
-        batch = ledger.get_batch(conn, s.batch_id)
-        ledger.mark_staged(conn, s.batch_id, s.attempt, s.staging, batch.ranges,
-                           {(p.topic, part): c for part, c in counts.items()})
-
-
-def staged_batch(engine, p: Pipe, ranges: dict[int, tuple[int, int]], good: list[tuple], bad: list[tuple] = (),
-                 counts: dict[int, tuple[int, int]] | None = None, kind: BatchKind = BatchKind.LIVE) -> Staged:
-    s = begin(engine, p, plan(engine, p, ranges, kind))
-    fill(engine, p, s, good, bad, counts)
-    return s
-
-
-# -- what the database holds
-
-def target(engine, p: Pipe) -> list[tuple] | None:
-    """(partition, offset, order_id, amount, batch_id) of every target row; None when there is no target."""
-    with engine.connect() as conn:
-        if not tables.table_exists(conn, "public", p.table):
-            return None
-        return [(r._partition, r._offset, r.order_id, str(r.amount), r._batch_id) for r in conn.execute(text(
-            f'SELECT * FROM public."{p.table}" ORDER BY _partition, _offset'))]
-
-
-def quarantine(engine, p: Pipe) -> list[tuple]:
-    with engine.connect() as conn:
-        return [(r.partition, r.offset, r.batch_id, r.error, bytes(r.key), bytes(r.value)) for r in conn.execute(text(
-            'SELECT partition, "offset", batch_id, error, key, value FROM ledger.quarantine WHERE pipeline = :p '
-            'ORDER BY partition, "offset"'), {"p": p.name})]
-
-
-def cursors(engine, p: Pipe) -> dict[int, int]:
-    with engine.connect() as conn:
-        return {part: offset for (_, part), offset in ledger.cursors(conn, p.name).items()}
-
-
-def batch(engine, batch_id: int) -> ledger.Batch:
-    with engine.connect() as conn:
-        return ledger.get_batch(conn, batch_id)
-
-
-def staging_tables(engine, batch_id: int) -> list[str]:
-    with engine.connect() as conn:
-        return conn.execute(text(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'ledger_staging' AND tablename ~ :pattern ORDER BY 1"),
-            {"pattern": f"^b{batch_id}_a\\d+(_bad)?$"}).scalars().all()
-
-
-def row(part, off, oid, amount, batch_id):
-    return (part, off, oid, amount, batch_id)
-
-
-def qrow(part, off, batch_id, error):
-    return (part, off, batch_id, error, f"k{off}".encode(), b"\xff" + error.encode())
-
 
 # -- 1. the commit and the no-op second commit
 
@@ -374,105 +229,6 @@ def test_missing_staging_table_fails_the_batch_and_a_new_attempt_commits(dropped
     assert cursors(engine, p) == {0: 2}
     assert staging_tables(engine, s.batch_id) == []
     assert verify(engine, p.spec) == []
-
-
-# -- 5. each crash point of the commit, in a child process
-
-CHILD = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from pathlib import Path
-from ledgerbatch.commit import commit_batch
-from ledgerbatch.db import make_engine
-from ledgerbatch.spec import load_spec
-engine = make_engine(sys.argv[2])
-print(commit_batch(engine, load_spec(Path(sys.argv[3]), sys.argv[4]), int(sys.argv[5])), flush=True)
-"""
-
-
-def commit_in_child(db_url: str, p: Pipe, batch_id: int, **env) -> subprocess.CompletedProcess:
-    """commit_batch in a child process in its own process group (a crash point kills the whole group)."""
-    full_env = {k: v for k, v in os.environ.items()
-                if k not in ("LEDGERBATCH_CRASH_AT", "LEDGERBATCH_CRASH_PGID", "LEDGERBATCH_TERMINATE_AT")}
-    return subprocess.run([sys.executable, "-c", CHILD, str(REPO / "plugins"), db_url, str(p.dir), p.name, str(batch_id)],
-                          env={**full_env, **env}, cwd=REPO, capture_output=True, text=True, timeout=60,
-                          start_new_session=True)
-
-
-def _crash_batch(engine, p: Pipe) -> Staged:
-    return staged_batch(engine, p, {0: (0, 3), 1: (0, 2)},
-                        good=[(0, 0, "o-0", "1.00"), (0, 2, "o-2", "1.00"), (1, 0, "o-10", "1.00"), (1, 1, "o-11", "1.00")],
-                        bad=[(0, 1, "bad")])
-
-
-def _assert_committed_once(engine, p: Pipe, s: Staged) -> None:
-    assert target(engine, p) == [row(0, 0, "o-0", "1.00", s.batch_id), row(0, 2, "o-2", "1.00", s.batch_id),
-                                 row(1, 0, "o-10", "1.00", s.batch_id), row(1, 1, "o-11", "1.00", s.batch_id)]
-    assert quarantine(engine, p) == [qrow(0, 1, s.batch_id, "bad")]
-    assert cursors(engine, p) == {0: 3, 1: 2}
-    assert batch(engine, s.batch_id).status == BatchStatus.COMMITTED
-    assert staging_tables(engine, s.batch_id) == []
-    assert verify(engine, p.spec) == []
-
-
-def test_child_commit_without_faults(engine, db_url, make_pipe):
-    p = make_pipe()
-    s = _crash_batch(engine, p)
-    done = commit_in_child(db_url, p, s.batch_id)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "already_committed=False, rows_written=4, rows_quarantined=1" in done.stdout
-    _assert_committed_once(engine, p, s)
-
-
-def test_sigkill_before_commit_rolls_back_and_the_retry_commits(engine, db_url, make_pipe):
-    p = make_pipe()
-    s = _crash_batch(engine, p)
-    crashed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_CRASH_AT="before_commit")
-    assert crashed.returncode == -9, crashed.stderr[-2000:]
-    assert "fault injection: SIGKILL at before_commit" in crashed.stderr
-    b = batch(engine, s.batch_id)
-    assert (b.status, b.attempt) == (BatchStatus.STAGED, 1)
-    assert cursors(engine, p) == {0: 0, 1: 0}
-    assert target(engine, p) is None  # even the CREATE TABLE of the target rolled back
-    assert quarantine(engine, p) == []
-    assert staging_tables(engine, s.batch_id) == [s.staging, f"{s.staging}_bad"]
-
-    result = commit_batch(engine, p.spec, s.batch_id)  # waits for the killed backend's locks
-    assert (result.already_committed, result.rows_written, result.rows_quarantined) == (False, 4, 1)
-    _assert_committed_once(engine, p, s)
-
-
-def test_sigkill_after_commit_keeps_the_commit_and_the_retry_is_a_noop(engine, db_url, make_pipe):
-    p = make_pipe()
-    s = _crash_batch(engine, p)
-    crashed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_CRASH_AT="after_commit")
-    assert crashed.returncode == -9, crashed.stderr[-2000:]
-    assert "fault injection: SIGKILL at after_commit" in crashed.stderr
-    _assert_committed_once(engine, p, s)
-
-    result = commit_batch(engine, p.spec, s.batch_id)
-    assert (result.already_committed, result.rows_written, result.rows_quarantined) == (True, 4, 1)
-    _assert_committed_once(engine, p, s)
-
-
-def test_backend_terminated_inside_the_commit_then_the_retry_commits(engine, db_url, make_pipe):
-    p = make_pipe()
-    s = _crash_batch(engine, p)
-    failed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_TERMINATE_AT="before_commit")
-    assert failed.returncode == 1, failed.stderr[-2000:]
-    assert "fault injection: pg_terminate_backend at before_commit" in failed.stderr
-    assert "OperationalError" in failed.stderr
-    b = batch(engine, s.batch_id)
-    assert (b.status, b.attempt) == (BatchStatus.STAGED, 1)
-    assert cursors(engine, p) == {0: 0, 1: 0}
-    assert target(engine, p) is None
-    assert quarantine(engine, p) == []
-    assert staging_tables(engine, s.batch_id) == [s.staging, f"{s.staging}_bad"]
-
-    again = commit_in_child(db_url, p, s.batch_id)
-    assert again.returncode == 0, again.stderr[-2000:]
-    _assert_committed_once(engine, p, s)
-    assert commit_batch(engine, p.spec, s.batch_id).already_committed
 
 
 # -- 6. upsert

@@ -3,7 +3,7 @@ confluent-kafka's AvroDeserializer) into a record whose fields are matched to th
 from __future__ import annotations
 
 from ..convert import BadValue
-from .registry import decode_framed, registry_client
+from .registry import WRITER_SCHEMA_ONLY, decode_framed, registry_client
 
 
 class AvroDecoder:
@@ -11,7 +11,7 @@ class AvroDecoder:
         from confluent_kafka.schema_registry.avro import AvroDeserializer
 
         # No reader schema: the writer's own, so a field added or removed later is simply there or not.
-        self._deserialize = AvroDeserializer(registry_client(options))
+        self._deserialize = AvroDeserializer(registry_client(options), conf=WRITER_SCHEMA_ONLY)
 
     def decode(self, raw: bytes | None) -> dict:
         record = decode_framed(raw, self._deserialize)

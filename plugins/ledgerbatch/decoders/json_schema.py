@@ -6,7 +6,7 @@ import json
 from decimal import Decimal
 
 from ..convert import BadValue
-from .registry import decode_framed, registry_client
+from .registry import WRITER_SCHEMA_ONLY, decode_framed, registry_client
 
 
 def _loads(payload: bytes):
@@ -17,7 +17,8 @@ class JsonSchemaDecoder:
     def __init__(self, options: dict):
         from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 
-        self._deserialize = JSONDeserializer(None, schema_registry_client=registry_client(options), json_decode=_loads)
+        self._deserialize = JSONDeserializer(None, schema_registry_client=registry_client(options),
+                                            conf=WRITER_SCHEMA_ONLY, json_decode=_loads)
 
     def decode(self, raw: bytes | None) -> dict:
         obj = decode_framed(raw, self._deserialize)

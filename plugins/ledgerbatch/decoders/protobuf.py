@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from .registry import decode_framed, registry_client
+from .registry import WRITER_SCHEMA_ONLY, decode_framed, registry_client
 
 _WRAPPERS = {"google.protobuf.DoubleValue", "google.protobuf.FloatValue", "google.protobuf.Int64Value",
              "google.protobuf.UInt64Value", "google.protobuf.Int32Value", "google.protobuf.UInt32Value",
@@ -20,7 +20,7 @@ class ProtobufDecoder:
         self._client = registry_client(options)
         # confluent-kafka parses into a type fixed up front; this one only lends its writer-schema
         # resolution (references included), so each value is parsed with its own writer's type.
-        self._resolver = ProtobufDeserializer(empty_pb2.Empty, {"use.deprecated.format": False}, self._client)
+        self._resolver = ProtobufDeserializer(empty_pb2.Empty, WRITER_SCHEMA_ONLY, self._client)
         self._types = {}  # (schema id, message indexes) -> message class
 
     def decode(self, raw: bytes | None) -> dict:

@@ -14,15 +14,32 @@ CLIENT_OPTIONS = ("url", "basic.auth.user.info", "basic.auth.credentials.source"
                   "bearer.auth.logical.cluster", "bearer.auth.identity.pool.id")
 
 
+_NUMERIC = ("timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms")
+
+
 class RegistryUnavailable(RuntimeError):
     """The registry did not answer (unreachable, 5xx, auth): never a reason to quarantine a record."""
+
+
+def _no_subject(ctx, record_name, *args):
+    return None
+
+
+# Deserializer settings: no subject, so no "latest version" look-ups or migrations: every value is read
+# with its own writer schema and nothing else.
+WRITER_SCHEMA_ONLY = {"subject.name.strategy": _no_subject}
 
 
 def registry_client(options: dict):
     """One client per decoder, so per Spark task: its cache makes one request per schema id."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    return SchemaRegistryClient({k: options[k] for k in CLIENT_OPTIONS if k in options})
+    conf = {k: options[k] for k in CLIENT_OPTIONS if k in options}
+    try:  # spec and environment values are text; the client wants numbers for these
+        conf.update({k: float(conf[k]) if "." in str(conf[k]) else int(conf[k]) for k in _NUMERIC if k in conf})
+    except ValueError as exc:
+        raise ValueError(f"source.schema_registry: {exc}") from None
+    return SchemaRegistryClient(conf)
 
 
 def schema_id(raw: bytes | None) -> int:

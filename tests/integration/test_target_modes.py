@@ -1,0 +1,159 @@
+"""The target-mode contract: one suite every mode of modes/ passes (Dagster's storage tests are the
+model). Batches are staged by hand (staged.py), so it needs only PostgreSQL; each crash point of the
+commit kills a real child process in every mode. A new mode adds a subclass with its MODE."""
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from ledgerbatch.commit import commit_batch
+from ledgerbatch.modes import MODES, mode_for
+from ledgerbatch.states import BatchKind, BatchStatus
+from ledgerbatch.verify import verify
+
+from .staged import (Pipe, Staged, batch, commit_in_child, cursors, qrow, quarantine, row, staged_batch,
+                     staging_tables, target)
+
+pytestmark = pytest.mark.integration
+
+
+class TargetModeContract:
+    __test__ = False
+    MODE: str
+
+    def test_ensure_target_creates_the_spec_shape_once(self, engine, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        mode = mode_for(p.spec)
+        with engine.begin() as conn:
+            mode.ensure_target(conn, p.spec)
+            mode.ensure_target(conn, p.spec)  # a second run finds it in shape
+            columns = [r.column_name for r in conn.execute(text(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' "
+                "AND table_name = :t ORDER BY ordinal_position"), {"t": p.table})]
+        assert columns == ["order_id", "customer", "amount", "ts", "_topic", "_partition", "_offset", "_batch_id"]
+
+    def test_live_batches_publish_every_record_once(self, engine, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        first = staged_batch(engine, p, {0: (0, 3)}, good=[(0, 0, "o-0", "1.00"), (0, 1, "o-1", "2.00")],
+                             bad=[(0, 2, "bad")])
+        commit_batch(engine, p.spec, first.batch_id)
+        second = staged_batch(engine, p, {0: (3, 5)}, good=[(0, 3, "o-3", "3.00"), (0, 4, "o-4", "4.00")])
+        commit_batch(engine, p.spec, second.batch_id)
+        assert target(engine, p) == [row(0, 0, "o-0", "1.00", first.batch_id), row(0, 1, "o-1", "2.00", first.batch_id),
+                                     row(0, 3, "o-3", "3.00", second.batch_id), row(0, 4, "o-4", "4.00", second.batch_id)]
+        assert quarantine(engine, p) == [qrow(0, 2, first.batch_id, "bad")]
+        assert cursors(engine, p) == {0: 5}
+        assert verify(engine, p.spec) == []
+
+    def test_replay_replaces_what_its_ranges_delivered(self, engine, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        live = staged_batch(engine, p, {0: (0, 3)}, good=[(0, 0, "o-0", "1.00"), (0, 1, "o-1", "2.00")],
+                            bad=[(0, 2, "bad")])
+        commit_batch(engine, p.spec, live.batch_id)
+        replay = staged_batch(engine, p, {0: (0, 3)}, good=[(0, 0, "o-0", "9.00"), (0, 1, "o-1", "2.00"),
+                                                            (0, 2, "o-2", "7.00")], kind=BatchKind.REPLAY)
+        result = commit_batch(engine, p.spec, replay.batch_id)
+        assert (result.already_committed, result.rows_written, result.rows_quarantined) == (False, 3, 0)
+        assert target(engine, p) == [row(0, 0, "o-0", "9.00", replay.batch_id), row(0, 1, "o-1", "2.00", replay.batch_id),
+                                     row(0, 2, "o-2", "7.00", replay.batch_id)]
+        assert quarantine(engine, p) == []
+        assert cursors(engine, p) == {0: 3}  # a replay never moves the live cursors
+        assert verify(engine, p.spec) == []
+
+    def test_rows_match_records_says_whether_verify_may_count(self, engine, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        s = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 0, "same", "1.00"), (0, 1, "same", "2.00")])
+        commit_batch(engine, p.spec, s.batch_id)
+        assert len(target(engine, p)) == (2 if mode_for(p.spec).rows_match_records else 1)
+        assert verify(engine, p.spec) == []
+
+    @staticmethod
+    def _crash_batch(engine, p: Pipe) -> Staged:
+        return staged_batch(engine, p, {0: (0, 3), 1: (0, 2)},
+                            good=[(0, 0, "o-0", "1.00"), (0, 2, "o-2", "1.00"), (1, 0, "o-10", "1.00"), (1, 1, "o-11", "1.00")],
+                            bad=[(0, 1, "bad")])
+
+
+    @staticmethod
+    def _assert_committed_once(engine, p: Pipe, s: Staged) -> None:
+        assert target(engine, p) == [row(0, 0, "o-0", "1.00", s.batch_id), row(0, 2, "o-2", "1.00", s.batch_id),
+                                     row(1, 0, "o-10", "1.00", s.batch_id), row(1, 1, "o-11", "1.00", s.batch_id)]
+        assert quarantine(engine, p) == [qrow(0, 1, s.batch_id, "bad")]
+        assert cursors(engine, p) == {0: 3, 1: 2}
+        assert batch(engine, s.batch_id).status == BatchStatus.COMMITTED
+        assert staging_tables(engine, s.batch_id) == []
+        assert verify(engine, p.spec) == []
+
+
+    def test_child_commit_without_faults(self, engine, db_url, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        s = self._crash_batch(engine, p)
+        done = commit_in_child(db_url, p, s.batch_id)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "already_committed=False, rows_written=4, rows_quarantined=1" in done.stdout
+        self._assert_committed_once(engine, p, s)
+
+
+    def test_sigkill_before_commit_rolls_back_and_the_retry_commits(self, engine, db_url, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        s = self._crash_batch(engine, p)
+        crashed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_CRASH_AT="before_commit")
+        assert crashed.returncode == -9, crashed.stderr[-2000:]
+        assert "fault injection: SIGKILL at before_commit" in crashed.stderr
+        b = batch(engine, s.batch_id)
+        assert (b.status, b.attempt) == (BatchStatus.STAGED, 1)
+        assert cursors(engine, p) == {0: 0, 1: 0}
+        assert target(engine, p) is None  # even the CREATE TABLE of the target rolled back
+        assert quarantine(engine, p) == []
+        assert staging_tables(engine, s.batch_id) == [s.staging, f"{s.staging}_bad"]
+
+        result = commit_batch(engine, p.spec, s.batch_id)  # waits for the killed backend's locks
+        assert (result.already_committed, result.rows_written, result.rows_quarantined) == (False, 4, 1)
+        self._assert_committed_once(engine, p, s)
+
+
+    def test_sigkill_after_commit_keeps_the_commit_and_the_retry_is_a_noop(self, engine, db_url, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        s = self._crash_batch(engine, p)
+        crashed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_CRASH_AT="after_commit")
+        assert crashed.returncode == -9, crashed.stderr[-2000:]
+        assert "fault injection: SIGKILL at after_commit" in crashed.stderr
+        self._assert_committed_once(engine, p, s)
+
+        result = commit_batch(engine, p.spec, s.batch_id)
+        assert (result.already_committed, result.rows_written, result.rows_quarantined) == (True, 4, 1)
+        self._assert_committed_once(engine, p, s)
+
+
+    def test_backend_terminated_inside_the_commit_then_the_retry_commits(self, engine, db_url, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        s = self._crash_batch(engine, p)
+        failed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_TERMINATE_AT="before_commit")
+        assert failed.returncode == 1, failed.stderr[-2000:]
+        assert "fault injection: pg_terminate_backend at before_commit" in failed.stderr
+        assert "OperationalError" in failed.stderr
+        b = batch(engine, s.batch_id)
+        assert (b.status, b.attempt) == (BatchStatus.STAGED, 1)
+        assert cursors(engine, p) == {0: 0, 1: 0}
+        assert target(engine, p) is None
+        assert quarantine(engine, p) == []
+        assert staging_tables(engine, s.batch_id) == [s.staging, f"{s.staging}_bad"]
+
+        again = commit_in_child(db_url, p, s.batch_id)
+        assert again.returncode == 0, again.stderr[-2000:]
+        self._assert_committed_once(engine, p, s)
+        assert commit_batch(engine, p.spec, s.batch_id).already_committed
+
+
+def test_every_mode_runs_the_contract():
+    assert {cls.MODE for cls in TargetModeContract.__subclasses__()} == set(MODES)
+
+
+class TestAppend(TargetModeContract):
+    __test__ = True
+    MODE = "append"
+
+
+class TestUpsert(TargetModeContract):
+    __test__ = True
+    MODE = "upsert"
