@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--brokers", type=_positive, default=3)
     broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
                         help="create a topic (repeatable); auto-created topics get 4 partitions")
+    registry = sub.add_parser("dev-registry", help="run the local Schema Registry (REST subset) in the foreground")
+    registry.add_argument("--host", default="127.0.0.1")
+    registry.add_argument("--port", type=int, default=8081, help="0: any free port")
+    registry.add_argument("--user-info", metavar="USER:PASSWORD", help="basic auth; requests without it get 401")
     demo = sub.add_parser("demo", help="the platform on the embedded defaults: dev broker, demo data, Airflow")
     demo.add_argument("--records", type=_positive, default=200_000)
     demo.add_argument("--partitions", type=_positive, default=16)
@@ -194,6 +198,12 @@ def cmd_dev_broker(args, settings: Settings) -> None:
     serve_forever(args.brokers, dict(args.topic))
 
 
+def cmd_dev_registry(args, settings: Settings) -> None:
+    from .devregistry import serve_forever
+
+    serve_forever(args.port, args.host, args.user_info)
+
+
 def cmd_demo(args, settings: Settings) -> None:
     if args.no_airflow:
         from .demo import run_without_airflow
@@ -206,7 +216,8 @@ def cmd_demo(args, settings: Settings) -> None:
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "status": cmd_status, "verify": cmd_verify,
-            "acknowledge-loss": cmd_acknowledge_loss, "dev-broker": cmd_dev_broker, "demo": cmd_demo}
+            "acknowledge-loss": cmd_acknowledge_loss, "dev-broker": cmd_dev_broker, "dev-registry": cmd_dev_registry,
+            "demo": cmd_demo}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,6 @@ it asks for with format=serialized).
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import collections
 import json
@@ -314,20 +313,19 @@ class DevRegistry:
         return {"subject": subject, "version": version, "id": schema_id, **self._schemas[schema_id]}
 
 
-def main(argv: list[str] | None = None) -> None:
+def serve_forever(port: int = 8081, host: str = "127.0.0.1", user_info: str | None = None) -> None:
     """Foreground dev registry: prints its URL, stops on SIGINT/SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m ledgerbatch.devregistry", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8081)
-    parser.add_argument("--user-info", help="USER:PASSWORD for basic auth; requests without it get 401")
-    args = parser.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with DevRegistry(args.port, args.host, args.user_info) as registry:
+    with DevRegistry(port, host, user_info) as registry:
         print(registry.url, flush=True)
         stop.wait()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the same as `ledgerbatch dev-registry`
+    import sys
+
+    from .cli import main
+
+    sys.exit(main(["dev-registry", *sys.argv[1:]]))

@@ -3,6 +3,7 @@ only hold connection ids and build their hooks in `execute`).
 
 - `ledgerbatch_db` (type postgres): the ledger and target database.
 - `ledgerbatch_kafka` (any type): extra holds librdkafka settings, at least `bootstrap.servers`.
+- `ledgerbatch_schema_registry` (optional, type http): the Schema Registry of the registry formats.
 """
 from __future__ import annotations
 
@@ -114,12 +115,51 @@ class KafkaConfigHook(BaseHook):
         return self.get_consumer_config()
 
 
-def settings_from_hooks(ledger: LedgerHook, kafka: KafkaConfigHook, pipelines_dir: str | Path) -> Settings:
+class SchemaRegistryHook(BaseHook):
+    """Client settings of a Confluent-compatible Schema Registry (the registry formats).
+
+    :param registry_conn_id: The connection to use, defaults to "ledgerbatch_schema_registry": host (with
+        its scheme) and port make the URL, login and password the basic auth, extra any other setting of
+        confluent-kafka's SchemaRegistryClient. Absent, pipelines rely on their spec's
+        `source.schema_registry`.
+    """
+
+    conn_name_attr = "registry_conn_id"
+    default_conn_name = "ledgerbatch_schema_registry"
+    conn_type = "http"
+    hook_name = "ledgerbatch Schema Registry"
+
+    def __init__(self, registry_conn_id: str = default_conn_name):
+        super().__init__()
+        self.registry_conn_id = registry_conn_id
+
+    def get_config(self) -> dict[str, str]:
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            conn = self.get_connection(self.registry_conn_id)
+        except AirflowNotFoundException:
+            return {}
+        config = {str(k): str(v) for k, v in conn.extra_dejson.items()}
+        if conn.host:
+            host = conn.host if "://" in conn.host else f"http://{conn.host}"
+            config["url"] = f"{host}:{conn.port}" if conn.port else host
+        if conn.login:
+            config["basic.auth.user.info"] = f"{conn.login}:{conn.password or ''}"
+        return config
+
+    def get_conn(self) -> dict[str, str]:
+        return self.get_config()
+
+
+def settings_from_hooks(ledger: LedgerHook, kafka: KafkaConfigHook, pipelines_dir: str | Path,
+                        registry: SchemaRegistryHook | None = None) -> Settings:
     """The same Settings the CLI reads from the environment, from the hooks' connections instead."""
     kafka_options = kafka.get_options()
     bootstrap = kafka.get_bootstrap_servers()
     return Settings(db_url=ledger.get_url(), bootstrap_servers=bootstrap, pipelines_dir=pipelines_dir,
-                    spark_master="", kafka_options=kafka_options)
+                    spark_master="", kafka_options=kafka_options,
+                    schema_registry=(registry or SchemaRegistryHook()).get_config())
 
 
 def settings_from_connections(ledger_conn_id: str, kafka_conn_id: str, pipelines_dir: str | Path) -> Settings:

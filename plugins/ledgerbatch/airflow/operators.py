@@ -163,13 +163,15 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
 
     def job_env(self, settings: Settings) -> dict[str, str]:
         """The spark-submit job's environment: the same settings the CLI reads, from the connections
-        (Kafka security settings travel in LEDGERBATCH_KAFKA_OPTIONS to the driver and its readers)."""
+        (Kafka security settings travel in LEDGERBATCH_KAFKA_OPTIONS, the registry's in
+        LEDGERBATCH_SCHEMA_REGISTRY, to the driver and its readers)."""
         bindir = str(Path(sys.executable).parent)
         return {
             **(self.env_vars or {}),
             "LEDGERBATCH_DB_URL": settings.db_url,
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
             "LEDGERBATCH_KAFKA_OPTIONS": json.dumps(settings.kafka_options),
+            "LEDGERBATCH_SCHEMA_REGISTRY": json.dumps(settings.schema_registry),
             "LEDGERBATCH_PIPELINES_DIR": self.pipelines_dir,
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
             # pip's spark-submit finds SPARK_HOME through the python first on PATH

@@ -50,6 +50,18 @@ class Append(TargetMode):
         if plan.close:
             conn.execute(text(query("close_partition", partition=plan.close.name, **target)),
                          {"lower": plan.close.lower, "upper": batch_id})
+        _align_staging(conn, target, staging)
         upper = Fragment("MAXVALUE" if plan.upper is None else str(int(plan.upper)))
         conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
                                 upper=upper, **target)), {"batch_id": batch_id})
+
+
+def _align_staging(conn: Connection, target: dict, staging: str) -> None:
+    """A partition needs every column of the target: one the spec no longer lists (a field the
+    schema dropped) is added to the staging table, NULL, before it is attached."""
+    columns = text(query("table_columns"))
+    staged = {r.column_name for r in conn.execute(columns, {"schema": "ledger_staging", "table": staging})}
+    for r in conn.execute(columns, target).all():
+        if r.column_name not in staged:
+            conn.execute(text(query("add_column", schema="ledger_staging", table=staging, column=r.column_name,
+                                    type=Fragment(r.type))))
