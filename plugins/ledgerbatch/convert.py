@@ -10,6 +10,7 @@ import base64
 import binascii
 import datetime as dt
 import json
+import math
 import uuid
 from decimal import Context, Decimal, InvalidOperation, ROUND_HALF_UP
 from typing import Callable
@@ -62,7 +63,7 @@ def _float_converter(limit: float | None):
         if isinstance(v, bool) or not isinstance(v, (int, Decimal, float)):
             raise BadValue(f"expected a number, got {show(v)}")
         f = float(v)
-        if limit is not None and abs(f) > limit:
+        if isinstance(v, Decimal) and not math.isfinite(f) or limit is not None and abs(f) > limit:
             raise BadValue(f"number {v} is out of range")
         return f
     return convert

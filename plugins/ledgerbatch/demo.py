@@ -1,14 +1,16 @@
 """`ledgerbatch demo`: the platform on the embedded defaults.
 
-A dev broker in this process, a fresh `ledgerbatch_demo` database on the configured PostgreSQL
-server and known orders with bad records in them; then either Airflow (standalone, the demo DAG
-triggered until caught up, the UI left running) or, with --no-airflow, `run` to the end. Both
-finish with a report from SQL that checks every record arrived exactly once.
+A dev broker and a dev schema registry in this process, a fresh `ledgerbatch_demo` database on the
+configured PostgreSQL server, known JSON orders and Avro payments (whose schema evolves mid-topic)
+with bad records in them; then either Airflow (standalone, the demo DAGs triggered until caught up,
+the UI left running) or, with --no-airflow, `run` to the end. Both finish with a report from SQL
+that checks every record arrived exactly once.
 """
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
@@ -16,14 +18,14 @@ from sqlalchemy.engine import Engine
 from . import ledger
 from .config import Settings, safe_url
 from .db import fresh_database, make_engine
-from .sqlfiles import query
-from .demodata import produce_orders
+from .demodata import produce_orders, produce_payments
 from .devbroker import DevBroker
+from .devregistry import DevRegistry
 from .migrate import migrate
+from .sqlfiles import query
 
 DEMO_DB = "ledgerbatch_demo"
-TOPIC = "orders"
-PIPELINE = "orders"  # pipelines/orders.yaml
+PIPELINES = ("orders", "payments")  # pipelines/<name>.yaml, each reading the topic of its name
 REPORT = {"quarantine by reason": "report_quarantine_by_reason", "batches": "report_batches",
           "cursors": "report_cursors"}  # named queries in sql/queries/ledger_status.sql
 
@@ -33,8 +35,12 @@ class DemoSetup:
     db_url: str
     engine: Engine
     broker: DevBroker
-    good: int
-    bad: int
+    registry: DevRegistry
+    expected: dict[str, tuple[int, int]]  # pipeline -> (valid records, bad records)
+
+    def close(self) -> None:
+        self.broker.close()
+        self.registry.stop()
 
 
 def prepare(settings: Settings, records: int, partitions: int) -> DemoSetup:
@@ -42,18 +48,25 @@ def prepare(settings: Settings, records: int, partitions: int) -> DemoSetup:
     print(f"demo database: {safe_url(db_url)} (dropped and created fresh)")
     engine = make_engine(db_url)
     migrate(engine)
-    broker = DevBroker(3)
-    broker.create_topic(TOPIC, partitions)
-    print(f"dev broker: {broker.bootstrap_servers}, topic {TOPIC} with {partitions} partitions")
-    produced = produce_orders(broker.bootstrap_servers, TOPIC, records, partitions, bad_every=1000)
-    print(f"produced {records} records: {produced['good']} valid orders, {produced['bad']} bad records")
-    return DemoSetup(db_url, engine, broker, produced["good"], produced["bad"])
+    broker, registry = DevBroker(3), DevRegistry()
+    for topic in PIPELINES:
+        broker.create_topic(topic, partitions)
+    print(f"dev broker: {broker.bootstrap_servers}, topics {', '.join(PIPELINES)} with {partitions} partitions each")
+    print(f"dev schema registry: {registry.url} (in-memory, the REST subset confluent-kafka's client uses)")
+    orders = produce_orders(broker.bootstrap_servers, "orders", records, partitions, bad_every=1000)
+    print(f"produced {records} JSON orders: {orders['good']} valid, {orders['bad']} bad records")
+    count = max(records // 10, 100)
+    payments = produce_payments(broker.bootstrap_servers, registry.url, "payments", count, partitions, bad_every=500)
+    print(f"produced {count} Avro payments (schema v1, then v2 with a new field): {payments['good']} valid, "
+          f"{payments['bad']} bad records")
+    return DemoSetup(db_url, engine, broker, registry, {"orders": (orders["good"], orders["bad"]),
+                                                       "payments": (payments["good"], payments["bad"])})
 
 
 def report(setup: DemoSetup) -> bool:
+    ok = True
     with setup.engine.connect() as conn:
-        target_sql = query("count_rows", schema="public", table=PIPELINE)
-        reports = [("target rows", target_sql, conn.execute(text(target_sql)))]
+        reports = [(f"{name} target rows", *_target_rows(conn, name)) for name in PIPELINES]
         reports += [(title, *ledger.report(conn, name)) for title, name in REPORT.items()]
         for title, sql, result in reports:
             print(f"-- {title}: {sql}")
@@ -61,13 +74,20 @@ def report(setup: DemoSetup) -> bool:
             for row in result:
                 print("   " + " | ".join(str(v) for v in row))
             print()
-        rows = conn.execute(text(target_sql)).one().rows
-        quarantined = ledger.quarantined_count(conn, PIPELINE)
-    ok = (rows, quarantined) == (setup.good, setup.bad)
-    print("OK: every valid order delivered once, every bad record quarantined once." if ok else
-          f"MISMATCH: {rows} rows and {quarantined} quarantined, expected {setup.good} and {setup.bad}.")
+        for name in PIPELINES:
+            got = (_target_rows(conn, name)[1].one().rows, ledger.quarantined_count(conn, name))
+            good = got == setup.expected[name]
+            ok &= good
+            print(f"OK: {name}: every valid record delivered once, every bad record quarantined once." if good else
+                  f"MISMATCH: {name}: {got[0]} rows and {got[1]} quarantined, expected {setup.expected[name][0]} "
+                  f"and {setup.expected[name][1]}.")
     print(f"Inspect the ledger: psql -h 127.0.0.1 -U postgres -d {DEMO_DB} -c 'SELECT * FROM ledger.recent_batches'")
     return ok
+
+
+def _target_rows(conn, pipeline: str) -> tuple[str, object]:
+    sql = query("count_rows", schema="public", table=pipeline)
+    return sql, conn.execute(text(sql))
 
 
 def run_without_airflow(settings: Settings, records: int, partitions: int) -> None:
@@ -75,15 +95,18 @@ def run_without_airflow(settings: Settings, records: int, partitions: int) -> No
     from .sparksession import get_spark
 
     setup = prepare(settings, records, partitions)
+    settings = replace(settings, schema_registry={"url": setup.registry.url})
+    spark = functools.cache(lambda: get_spark(settings.spark_master, "ledgerbatch-demo"))  # one for both
     try:
-        started = time.monotonic()
-        summary = run_pipeline(setup.engine, settings.spec(PIPELINE), setup.db_url, setup.broker.bootstrap_servers,
-                               lambda: get_spark(settings.spark_master, "ledgerbatch-demo"))
-        print(f"\nledgerbatch run orders: {summary.batches} batches, {summary.records_read} records read, "
-              f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined "
-              f"in {time.monotonic() - started:.1f}s\n")
+        for name in PIPELINES:
+            started = time.monotonic()
+            summary = run_pipeline(setup.engine, settings.spec(name), setup.db_url, setup.broker.bootstrap_servers, spark)
+            print(f"\nledgerbatch run {name}: {summary.batches} batches, {summary.records_read} records read, "
+                  f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined "
+                  f"in {time.monotonic() - started:.1f}s")
+        print()
         ok = report(setup)
     finally:
-        setup.broker.close()
+        setup.close()
     if not ok:
         raise SystemExit(1)

@@ -46,6 +46,8 @@ def test_naive_timestamps_are_utc():
     (b'{"d": "1e99999"}', "does not fit DECIMAL(6,2)"),
     (b'{"d": "abc"}', "is not a decimal number"),
     (b'{"d": Infinity}', "Infinity is not a JSON number"),
+    (b'{"d": NaN}', "^value is not valid JSON: NaN is not a JSON number$"),
+    (b'{"f": 1e400}', "field f: number 1E\\+400 is out of range"),
     (b'{"f": "1.5"}', "field f: expected a number"),
     (b'{"ok": 1}', "field ok: expected true or false"),
     (b'{"ts": "soon"}', "not an ISO-8601 timestamp"),

@@ -1,5 +1,5 @@
 """`ledgerbatch demo` with Airflow: `airflow standalone` in a throw-away home, wired to the demo's
-dev broker and database through Airflow Connections, the demo DAG triggered until caught up."""
+dev broker, dev registry and database through Airflow Connections, the demo DAGs triggered until caught up."""
 from __future__ import annotations
 
 import json
@@ -16,10 +16,9 @@ from sqlalchemy.engine import make_url
 from .. import ledger
 from ..config import REPO_ROOT, Settings
 from ..db import fresh_database
-from ..demo import PIPELINE, DemoSetup, prepare, report
+from ..demo import PIPELINES, DemoSetup, prepare, report
 from ..errors import ConfigError
 
-DAG_ID = "ledgerbatch_orders"
 USER, PASSWORD = "admin", "ledgerbatch"
 
 
@@ -36,12 +35,15 @@ def airflow_env(setup: DemoSetup, home: Path, metadata_url: str, port: int) -> d
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_url,
         "AIRFLOW__API__PORT": str(port),
+        # Task runners reach the API server here; the default assumes port 8080.
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
         "LEDGERBATCH_PIPELINES_DIR": str(REPO_ROOT / "pipelines"),
         "AIRFLOW_CONN_LEDGERBATCH_DB": json.dumps({"conn_type": "postgres", "host": u.host, "port": u.port,
                                                    "login": u.username, "password": u.password, "schema": u.database}),
         "AIRFLOW_CONN_LEDGERBATCH_KAFKA": json.dumps({"conn_type": "generic",
                                                       "extra": {"bootstrap.servers": setup.broker.bootstrap_servers}}),
+        "AIRFLOW_CONN_LEDGERBATCH_SCHEMA_REGISTRY": json.dumps({"conn_type": "http", "host": setup.registry.url}),
         # Airflow 3 creates no default connections; without spark_default SparkSubmitHook falls back to yarn.
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
@@ -65,28 +67,34 @@ def _wait(what: str, check, timeout: float, every: float = 3.0) -> None:
     raise ConfigError(f"gave up waiting for {what} after {timeout:.0f}s")
 
 
-def _dag_listed(env: dict) -> bool:
+def _dag_id(pipeline: str) -> str:
+    return f"ledgerbatch_{pipeline}"
+
+
+def _dags_listed(env: dict) -> bool:
     try:
-        return DAG_ID in _airflow(env, "dags", "list")
+        listed = _airflow(env, "dags", "list")
     except ConfigError:  # still migrating its database
         return False
+    return all(_dag_id(p) in listed for p in PIPELINES)
 
 
-def _runs(env: dict) -> list[dict]:
-    """The demo DAG's runs (the CLI prints log lines before its JSON)."""
-    out = _airflow(env, "dags", "list-runs", DAG_ID, "-o", "json")
+def _runs(env: dict, dag_id: str) -> list[dict]:
+    """A demo DAG's runs (the CLI prints log lines before its JSON)."""
+    out = _airflow(env, "dags", "list-runs", dag_id, "-o", "json")
     for line in reversed(out.splitlines()):
         if line.startswith("["):
             return json.loads(line)
     return []
 
 
-def _lag(setup: DemoSetup) -> int:
+def _lag(setup: DemoSetup, pipeline: str) -> int:
+    """Offsets of the pipeline's topic (named as the pipeline) not yet delivered."""
     from ..kafka import watermarks
 
-    ends = watermarks(setup.broker.bootstrap_servers, ("orders",))
+    ends = watermarks(setup.broker.bootstrap_servers, (pipeline,))
     with setup.engine.connect() as conn:
-        done = ledger.cursors(conn, PIPELINE)
+        done = ledger.cursors(conn, pipeline)
     return sum(wm.high - done.get(tp, 0) for tp, wm in ends.items())
 
 
@@ -104,28 +112,32 @@ def run_with_airflow(settings: Settings, records: int, partitions: int, port: in
     standalone = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env,
                                   stdout=log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait("Airflow to start and parse the DAGs", lambda: _dag_listed(env), 300)
-        # Scheduled runs start on their own; trigger more until the pipeline is caught up.
+        _wait("Airflow to start and parse the DAGs", lambda: _dags_listed(env), 300)
+        # Scheduled runs start on their own; trigger more until every pipeline is caught up.
         reported: set[str] = set()
-        while True:
-            runs = _runs(env)
-            for run in runs:
-                if run["state"] in ("success", "failed") and run["run_id"] not in reported:
-                    reported.add(run["run_id"])
-                    print(f"DAG run {run['run_id']}: {run['state']}", flush=True)
-                    if run["state"] == "failed":
-                        raise ConfigError(f"DAG run {run['run_id']} failed: see the UI or {log_path}")
-            if not any(r["state"] in ("queued", "running") for r in runs):
-                if _lag(setup) == 0:
-                    break
-                _airflow(env, "dags", "trigger", DAG_ID)
-                print(f"triggered {DAG_ID}", flush=True)
+        pending = set(PIPELINES)
+        while pending:
+            for pipeline in sorted(pending):
+                runs = _runs(env, _dag_id(pipeline))
+                for run in runs:
+                    if run["state"] in ("success", "failed") and run["run_id"] not in reported:
+                        reported.add(run["run_id"])
+                        print(f"{_dag_id(pipeline)} run {run['run_id']}: {run['state']}", flush=True)
+                        if run["state"] == "failed":
+                            raise ConfigError(f"DAG run {run['run_id']} failed: see the UI or {log_path}")
+                if not any(r["state"] in ("queued", "running") for r in runs):
+                    if _lag(setup, pipeline) == 0:
+                        pending.discard(pipeline)
+                        print(f"\n{_dag_id(pipeline)}: caught up\n", flush=True)
+                        continue
+                    _airflow(env, "dags", "trigger", _dag_id(pipeline))
+                    print(f"triggered {_dag_id(pipeline)}", flush=True)
             time.sleep(5)
-        print(f"\n{DAG_ID}: caught up after {len(reported)} DAG runs\n")
         report(setup)
         print(f"\nAirflow UI: http://localhost:{port}  (user {USER}, password {PASSWORD})")
-        print("DAGs: ledgerbatch_orders (every 15 minutes) and ledgerbatch_backfill (trigger it with a form "
-              "to replay or backfill a range). The dev broker and Airflow stay up until Ctrl-C.", flush=True)
+        print("DAGs: ledgerbatch_orders and ledgerbatch_payments (every 15 minutes) and ledgerbatch_backfill "
+              "(trigger it with a form to replay or backfill a range). The dev broker, the dev registry and Airflow "
+              "stay up until Ctrl-C.", flush=True)
         standalone.wait()
     finally:
         if standalone.poll() is None:
@@ -134,4 +146,4 @@ def run_with_airflow(settings: Settings, records: int, partitions: int, port: in
                 standalone.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(standalone.pid, signal.SIGKILL)
-        setup.broker.close()
+        setup.close()

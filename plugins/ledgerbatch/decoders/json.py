@@ -32,6 +32,8 @@ class JsonDecoder:
             raise BadValue(f"value is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
         try:
             obj = _DECODER.decode(text)
+        except BadValue:  # NaN, Infinity: already says why
+            raise
         except RecursionError:
             raise BadValue("value is not valid JSON: nested too deeply") from None
         except json.JSONDecodeError as exc:
