@@ -56,25 +56,38 @@ def json_schema_encoder(url: str, topic: str):
                                      for k, v in record.items() if v is not None}, context(topic))
 
 
-def order_message_class():
-    """shop.Order built at run time from a descriptor (no protoc here): amount is a decimal string."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+def add_fields(message, *fields: tuple) -> None:
+    """(name, number, type) per field: a scalar type name ("string", "int64") or a message (".pkg.Name");
+    a fourth item "repeated" repeats it."""
+    from google.protobuf import descriptor_pb2
 
-    field = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(name="shop/order.proto", package="shop", syntax="proto3")
-    customer = proto.message_type.add(name="Customer")
-    customer.field.add(name="name", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    customer.field.add(name="tier", number=2, type=field.TYPE_INT32, label=field.LABEL_OPTIONAL)
-    order = proto.message_type.add(name="Order")
-    order.field.add(name="id", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
-    order.field.add(name="name", number=2, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    order.field.add(name="amount", number=3, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    order.field.add(name="tags", number=4, type=field.TYPE_STRING, label=field.LABEL_REPEATED)
-    order.field.add(name="customer", number=5, type=field.TYPE_MESSAGE, type_name=".shop.Customer",
-                    label=field.LABEL_OPTIONAL)
+    kinds = descriptor_pb2.FieldDescriptorProto
+    for name, number, kind, *repeated in fields:
+        typed = {"type": kinds.TYPE_MESSAGE, "type_name": kind} if kind.startswith(".") else \
+            {"type": getattr(kinds, f"TYPE_{kind.upper()}")}
+        message.field.add(name=name, number=number, label=kinds.LABEL_REPEATED if repeated else kinds.LABEL_OPTIONAL,
+                          **typed)
+
+
+def message_class(full_name: str, *files):
+    """The class of message `full_name` from FileDescriptorProtos built at run time (no protoc here)."""
+    from google.protobuf import descriptor_pool, message_factory
+
     pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+    for proto in files:
+        pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
+
+
+def order_message_class():
+    """shop.Order: amount is a decimal string."""
+    from google.protobuf import descriptor_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto(name="shop/order.proto", package="shop", syntax="proto3")
+    add_fields(proto.message_type.add(name="Customer"), ("name", 1, "string"), ("tier", 2, "int32"))
+    add_fields(proto.message_type.add(name="Order"), ("id", 1, "int64"), ("name", 2, "string"),
+               ("amount", 3, "string"), ("tags", 4, "string", "repeated"), ("customer", 5, ".shop.Customer"))
+    return message_class("shop.Order", proto)
 
 
 def protobuf_encoder(url: str, topic: str):

@@ -32,6 +32,12 @@ def column_defs(spec: PipelineSpec) -> Fragment:
     return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in spec.stored_columns))
 
 
+def target_defs(spec: PipelineSpec) -> Fragment:
+    """A target's columns: the spec's, then the lineage, which is never NULL."""
+    lineage = [f"{quote_ident(c.name)} {c.pg_type} NOT NULL" for c in LINEAGE]
+    return Fragment(",\n    ".join([column_defs(spec)] + lineage))
+
+
 def column_names(spec: PipelineSpec) -> list[str]:
     """The target's columns before lineage, in order."""
     return [c.name for c in spec.stored_columns]

@@ -5,11 +5,7 @@
 -- is attached as a partition instead of being copied. Unique on the coordinates within a partition;
 -- across partitions the ledger keeps them unique and `verify` checks it.
 CREATE TABLE IF NOT EXISTS {schema}.{table} (
-    {defs},
-    _topic     text    NOT NULL,
-    _partition integer NOT NULL,
-    _offset    bigint  NOT NULL,
-    _batch_id  bigint  NOT NULL,
+    {defs},  -- the spec's columns, then the lineage columns NOT NULL (tables.target_defs)
     UNIQUE (_topic, _partition, _offset, _batch_id)
 ) PARTITION BY RANGE (_batch_id);
 

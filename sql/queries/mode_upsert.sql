@@ -2,11 +2,7 @@
 
 -- name: create_target_upsert
 CREATE TABLE IF NOT EXISTS {schema}.{table} (
-    {defs},
-    _topic     text    NOT NULL,
-    _partition integer NOT NULL,
-    _offset    bigint  NOT NULL,
-    _batch_id  bigint  NOT NULL,
+    {defs},  -- the spec's columns, then the lineage columns NOT NULL (tables.target_defs)
     PRIMARY KEY ({key})
 );
 

@@ -55,7 +55,7 @@ def test_generated_dags_import_cleanly():
 
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
-    assert set(bag.dag_ids) == {"ledgerbatch_orders", "ledgerbatch_backfill"}
+    assert set(bag.dag_ids) == {"ledgerbatch_orders", "ledgerbatch_payments", "ledgerbatch_backfill"}
     dag = bag.dags["ledgerbatch_orders"]
     assert dag.max_active_runs == 1 and not dag.catchup and dag.schedule == "*/15 * * * *"
     assert "ledgerbatch" in dag.tags and "pipeline:orders" in dag.tags

@@ -14,10 +14,11 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2
 
 from ledgerbatch.devregistry import DevRegistry
 
+from ..serde import add_fields, message_class
 from .helpers import REPO
 
 TOPIC = "payments"
@@ -93,23 +94,14 @@ def test_concurrent_registrations_share_ids(registry):
 
 
 def order_message_class():
-    """Order (importing Money from another file) built at runtime: no protoc on this machine."""
-    field = descriptor_pb2.FieldDescriptorProto
+    """Order (importing Money from another file) built at runtime."""
     money = descriptor_pb2.FileDescriptorProto(name="ledgerbatch/money.proto", package="ledgerbatch", syntax="proto3")
-    m = money.message_type.add(name="Money")
-    m.field.add(name="currency", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    m.field.add(name="units", number=2, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    add_fields(money.message_type.add(name="Money"), ("currency", 1, "string"), ("units", 2, "int64"))
     order = descriptor_pb2.FileDescriptorProto(name="ledgerbatch/order.proto", package="ledgerbatch",
                                                syntax="proto3", dependency=[money.name])
-    o = order.message_type.add(name="Order")
-    o.field.add(name="id", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
-    o.field.add(name="amount", number=2, type=field.TYPE_MESSAGE, type_name=".ledgerbatch.Money",
-                label=field.LABEL_OPTIONAL)
-    o.field.add(name="tags", number=3, type=field.TYPE_STRING, label=field.LABEL_REPEATED)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(money)
-    pool.Add(order)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("ledgerbatch.Order"))
+    add_fields(order.message_type.add(name="Order"), ("id", 1, "int64"), ("amount", 2, ".ledgerbatch.Money"),
+               ("tags", 3, "string", "repeated"))
+    return message_class("ledgerbatch.Order", money, order)
 
 
 def test_protobuf_round_trip_with_reference(registry):

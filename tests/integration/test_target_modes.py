@@ -75,6 +75,15 @@ class TargetModeContract:
 
 
     @staticmethod
+    def _assert_nothing_committed(engine, p: Pipe, s: Staged) -> None:
+        b = batch(engine, s.batch_id)
+        assert (b.status, b.attempt) == (BatchStatus.STAGED, 1)
+        assert cursors(engine, p) == {0: 0, 1: 0}
+        assert target(engine, p) is None  # even the CREATE TABLE of the target rolled back
+        assert quarantine(engine, p) == []
+        assert staging_tables(engine, s.batch_id) == [s.staging, f"{s.staging}_bad"]
+
+    @staticmethod
     def _assert_committed_once(engine, p: Pipe, s: Staged) -> None:
         assert target(engine, p) == [row(0, 0, "o-0", "1.00", s.batch_id), row(0, 2, "o-2", "1.00", s.batch_id),
                                      row(1, 0, "o-10", "1.00", s.batch_id), row(1, 1, "o-11", "1.00", s.batch_id)]
@@ -84,7 +93,6 @@ class TargetModeContract:
         assert staging_tables(engine, s.batch_id) == []
         assert verify(engine, p.spec) == []
 
-
     def test_child_commit_without_faults(self, engine, db_url, make_pipe):
         p = make_pipe(mode=self.MODE)
         s = self._crash_batch(engine, p)
@@ -93,37 +101,21 @@ class TargetModeContract:
         assert "already_committed=False, rows_written=4, rows_quarantined=1" in done.stdout
         self._assert_committed_once(engine, p, s)
 
-
-    def test_sigkill_before_commit_rolls_back_and_the_retry_commits(self, engine, db_url, make_pipe):
+    @pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+    def test_sigkill_at_each_crash_point_then_the_retry_commits_once(self, point, engine, db_url, make_pipe):
         p = make_pipe(mode=self.MODE)
         s = self._crash_batch(engine, p)
-        crashed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_CRASH_AT="before_commit")
+        crashed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_CRASH_AT=point)
         assert crashed.returncode == -9, crashed.stderr[-2000:]
-        assert "fault injection: SIGKILL at before_commit" in crashed.stderr
-        b = batch(engine, s.batch_id)
-        assert (b.status, b.attempt) == (BatchStatus.STAGED, 1)
-        assert cursors(engine, p) == {0: 0, 1: 0}
-        assert target(engine, p) is None  # even the CREATE TABLE of the target rolled back
-        assert quarantine(engine, p) == []
-        assert staging_tables(engine, s.batch_id) == [s.staging, f"{s.staging}_bad"]
+        assert f"fault injection: SIGKILL at {point}" in crashed.stderr
+        if point == "before_commit":  # inside the transaction: all of it rolled back
+            self._assert_nothing_committed(engine, p, s)
+        else:
+            self._assert_committed_once(engine, p, s)
 
         result = commit_batch(engine, p.spec, s.batch_id)  # waits for the killed backend's locks
-        assert (result.already_committed, result.rows_written, result.rows_quarantined) == (False, 4, 1)
+        assert (result.already_committed, result.rows_written, result.rows_quarantined) == (point == "after_commit", 4, 1)
         self._assert_committed_once(engine, p, s)
-
-
-    def test_sigkill_after_commit_keeps_the_commit_and_the_retry_is_a_noop(self, engine, db_url, make_pipe):
-        p = make_pipe(mode=self.MODE)
-        s = self._crash_batch(engine, p)
-        crashed = commit_in_child(db_url, p, s.batch_id, LEDGERBATCH_CRASH_AT="after_commit")
-        assert crashed.returncode == -9, crashed.stderr[-2000:]
-        assert "fault injection: SIGKILL at after_commit" in crashed.stderr
-        self._assert_committed_once(engine, p, s)
-
-        result = commit_batch(engine, p.spec, s.batch_id)
-        assert (result.already_committed, result.rows_written, result.rows_quarantined) == (True, 4, 1)
-        self._assert_committed_once(engine, p, s)
-
 
     def test_backend_terminated_inside_the_commit_then_the_retry_commits(self, engine, db_url, make_pipe):
         p = make_pipe(mode=self.MODE)
@@ -132,12 +124,7 @@ class TargetModeContract:
         assert failed.returncode == 1, failed.stderr[-2000:]
         assert "fault injection: pg_terminate_backend at before_commit" in failed.stderr
         assert "OperationalError" in failed.stderr
-        b = batch(engine, s.batch_id)
-        assert (b.status, b.attempt) == (BatchStatus.STAGED, 1)
-        assert cursors(engine, p) == {0: 0, 1: 0}
-        assert target(engine, p) is None
-        assert quarantine(engine, p) == []
-        assert staging_tables(engine, s.batch_id) == [s.staging, f"{s.staging}_bad"]
+        self._assert_nothing_committed(engine, p, s)
 
         again = commit_in_child(db_url, p, s.batch_id)
         assert again.returncode == 0, again.stderr[-2000:]

@@ -29,7 +29,7 @@ class Append(TargetMode):
     rows_match_records = True
 
     def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        conn.execute(text(query("create_target_append", defs=tables.column_defs(spec), **target_names(spec))))
+        conn.execute(text(query("create_target_append", defs=tables.target_defs(spec), **target_names(spec))))
 
     def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
         target = target_names(spec)

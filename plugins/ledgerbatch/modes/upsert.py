@@ -20,7 +20,7 @@ class Upsert(TargetMode):
     rows_match_records = False  # several records of one key make one row
 
     def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        conn.execute(text(query("create_target_upsert", defs=tables.column_defs(spec), key=list(spec.key),
+        conn.execute(text(query("create_target_upsert", defs=tables.target_defs(spec), key=list(spec.key),
                                 **target_names(spec))))
 
     def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
