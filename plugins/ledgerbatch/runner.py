@@ -23,6 +23,7 @@ from .faults import crash_point
 from .planner import plan_next
 from .process import process_batch
 from .spec import PipelineSpec
+from .states import BatchStatus
 from .sparksession import warm_up
 from .tables import drop_finished_staging
 
@@ -64,7 +65,7 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
         idle = False
         phase_event("plan", batch, time.monotonic() - phase_started)
         crash_point("after_plan")
-        if batch.status != "staged":
+        if batch.status != BatchStatus.STAGED:
             phase_started = time.monotonic()  # the first batch's process phase includes starting Spark
             spark = spark or spark_factory()
             batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
