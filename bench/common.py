@@ -19,7 +19,8 @@ from ledgerbatch import db, kafka
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "plugins"))
-DB_PREFIX = "lb_bench_"
+# Every database the bench makes and drops; a unique prefix lets two bench runs share one server.
+DB_PREFIX = os.environ.get("LEDGERBATCH_BENCH_DB_PREFIX", "lb_bench_")
 SERVER_URL = os.environ.get("LEDGERBATCH_DB_URL") or "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 # Same columns as a ledgerbatch append target of the orders schema.
 TARGET_COLUMNS = "order_id text, customer text, amount numeric(12,2), ts timestamp, _topic text, _partition integer, _offset bigint"
@@ -32,7 +33,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def fresh_database(name: str) -> str:
-    """Drop and create database `name` (always prefixed lb_bench_) on the server; returns its URL."""
+    """Drop and create database `name` (always prefixed DB_PREFIX) on the server; returns its URL."""
     assert name.startswith(DB_PREFIX), name
     return db.fresh_database(SERVER_URL, name)
 

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 from ledgerbatch.demodata import produce_orders
 
 from . import lb
-from .common import BIN, REPO, count_rows, fresh_database, run_measured
+from .common import BIN, DB_PREFIX, REPO, count_rows, fresh_database, run_measured
 
 NAME = "bench_latency"
 RECORDS = 100
@@ -23,7 +23,7 @@ RECORDS = 100
 class Latency:
     def __init__(self, bootstrap: str, topic: str, partitions: int, workdir: Path):
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
-        self.url = fresh_database("lb_bench_latency")
+        self.url = fresh_database(f"{DB_PREFIX}latency")
         self.workdir = workdir / "latency"
         self.table = lb.write_spec(self.workdir, NAME, topic, 100_000)
         self.env = lb.env_for(self.url, bootstrap, self.workdir)

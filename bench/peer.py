@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg2
 
-from .common import BIN, REPO, TARGET_COLUMNS, child_env, count_rows, fresh_database, libpq, run_measured
+from .common import BIN, DB_PREFIX, REPO, TARGET_COLUMNS, child_env, count_rows, fresh_database, libpq, run_measured
 
 TABLE = "peer_orders"
 MARK = "BENCH_PEER_RESULT "
@@ -30,7 +30,7 @@ class Peer:
             AIRFLOW_HOME=str(self.home),
             AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "bench" / "dags"),
             AIRFLOW__CORE__LOAD_EXAMPLES="False",
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=fresh_database("lb_bench_airflow"),
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=fresh_database(f"{DB_PREFIX}airflow"),
             BENCH_PEER_TOPIC=topic, BENCH_PEER_RECORDS=str(records), BENCH_PEER_BATCH=str(batch_size),
             BENCH_PEER_TABLE=TABLE,
         )

@@ -13,6 +13,7 @@ from .common import SERVER_URL, scalar
 CONTENDERS = [("floor", "floor: 2-process consumer + COPY"), ("peer", "peer: Airflow ConsumeFromTopicOperator"),
               ("ledgerbatch_one", "ledgerbatch, one batch (cold: `ledgerbatch run`, new JVM)"),
               ("ledgerbatch_warm", "ledgerbatch, one batch (warm driver: `run --follow`)"),
+              ("ledgerbatch_avro_warm", "ledgerbatch, one batch of Avro (warm driver: `run --follow`)"),
               ("ledgerbatch_several", "ledgerbatch, 4 batches (cold)")]
 
 
@@ -35,7 +36,7 @@ def _fmt(value, spec: str = ".2f", unit: str = "") -> str:
 def targets(r: dict) -> list[dict]:
     """The issue's targets, each with its measured value; None where this run could not measure it."""
     c, lat = r["contenders"], r["latency"]
-    one, warm = c["ledgerbatch_one"], c["ledgerbatch_warm"]
+    one, warm, avro = c["ledgerbatch_one"], c["ledgerbatch_warm"], c["ledgerbatch_avro_warm"]
     small = c["ledgerbatch_small_batch"]
     scale = [s["plan_commit_s"] for s in r["scaling"]]
     drift = max(abs(s / scale[0] - 1) for s in scale) if scale else None
@@ -49,6 +50,10 @@ def targets(r: dict) -> list[dict]:
         ("throughput ledgerbatch warm / peer", c["peer"]["wall_s"] / warm["wall_s"], ">= 3x", lambda v: v >= 3, ".2f", "x"),
         ("wall ledgerbatch cold / floor (one batch)", one["wall_s"] / c["floor"]["wall_s"], "<= 1.25x", lambda v: v <= 1.25, ".2f", "x"),
         ("wall ledgerbatch warm / floor (one batch)", warm["wall_s"] / c["floor"]["wall_s"], "<= 1.25x", lambda v: v <= 1.25, ".2f", "x"),
+        ("wall ledgerbatch Avro warm / floor (one batch)", avro["wall_s"] / c["floor"]["wall_s"], "<= 1.25x", lambda v: v <= 1.25, ".2f", "x"),
+        ("wall ledgerbatch Avro warm / JSON warm (one batch)", avro["wall_s"] / warm["wall_s"], "<= 1.1x", lambda v: v <= 1.1, ".2f", "x"),
+        ("registry requests per schema id per staging task (Avro, worst run)", r["registry"]["per_id_per_task"], "<= 1",
+         lambda v: v <= 1, ".2f", ""),
         ("commit share of the one-batch wall, cold", one["commit_share"], "<= 10%", lambda v: v <= 0.10, ".1%", ""),
         ("commit share of the one-batch wall, warm", warm["commit_share"], "<= 10%", lambda v: v <= 0.10, ".1%", ""),
         ("100 records warm", lat["warm"]["median_s"], "<= 3 s", lambda v: v <= 3, ".2f", " s"),
@@ -76,16 +81,23 @@ def tables(r: dict) -> str:
         out.append(f"| {label} | {x['wall_s']:.2f} | {', '.join(f'{w:.2f}' for w in x['walls_s'])} | "
                    f"{records / x['wall_s']:,.0f} | {x['memory_mib']['total']:,.0f} | {x['rows']:,} |")
     one, warm, small = c["ledgerbatch_one"], c["ledgerbatch_warm"], c["ledgerbatch_small_batch"]
+    avro, reg = c["ledgerbatch_avro_warm"], r["registry"]
     out.append("")
     for label, x in (("cold", one), ("warm", warm)):
         out.append(f"ledgerbatch {label}/floor wall: {x['wall_s'] / c['floor']['wall_s']:.2f}x; "
                    f"peer/ledgerbatch {label} wall: {c['peer']['wall_s'] / x['wall_s']:.2f}x.")
+    out.append(f"ledgerbatch Avro warm/JSON warm wall: {avro['wall_s'] / warm['wall_s']:.2f}x; "
+               f"Avro warm/floor wall: {avro['wall_s'] / c['floor']['wall_s']:.2f}x.")
     out.append(f"The peer's wall is dag.test() alone (its whole process: {c['peer']['process_wall_s']:.2f} s).")
-    for label, x in (("cold", one), ("warm", warm)):
+    for label, x in (("cold", one), ("warm", warm), ("Avro warm", avro)):
         phases = x.get("phase_s")
         out.append(f"ledgerbatch one batch {label}, phases: " + (
             ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()) + f"; commit share {_fmt(x['commit_share'], '.1%')}"
             if phases else "no phase lines in its log: commit share n/a"))
+    out.append(f"Schema registry, Avro warm: GET /schemas/ids/{{id}} requests per run "
+               f"{', '.join(str(x['schema_id_requests']) for x in reg['runs'])} for {len(reg['schema_ids'])} schema id(s) "
+               f"and {', '.join(str(x['staging_tasks']) for x in reg['runs'])} staging tasks: "
+               f"{reg['per_id_per_task']:.2f} requests per schema id per task (worst run).")
     out += ["", "| ledgerbatch peak memory (PSS) MiB | batch of " f"{small['batch_records']:,} | batch of {one['batch_records']:,} |",
             "| --- | ---: | ---: |"]
     for role in ("python", "jvm", "executor", "total"):
@@ -126,6 +138,9 @@ reduced form that CI runs as `tests/bench/test_bench_smoke.py`; it writes to `be
 partitions of one dev broker topic, every one checked to be retained from offset 0. Every contender reads the
 same topic from offset 0 into its own fresh database; the harness checks each one's row count against the
 records produced. Wall times are medians of {cfg['runs']} runs, interleaved (floor, peer, ledgerbatch, ... per run).
+The same orders are produced once more, before any run and untimed, into a second topic of as many partitions as
+Avro values (Confluent wire format) through confluent-kafka's `AvroSerializer` and the dev schema registry, for the
+Avro contender.
 
 ![throughput, memory, latency and scaling]({plot_name})
 
@@ -148,6 +163,18 @@ records produced. Wall times are medians of {cfg['runs']} runs, interleaved (flo
   Spark and its Python workers before it plans; its wall is the batch's plan + process + commit seconds (so
   no start-up), memory is the follower's whole tree. Phase seconds come from the `phase {{json}}` lines of logger
   `ledgerbatch.events`. The memory split uses a third run shape: one batch of a tenth of the records.
+- **ledgerbatch Avro** (`bench/avro.py`): the warm contender again, run right after the JSON one in every run,
+  measured the same way, on the Avro topic: the same spec and target but `source.format: avro` and
+  `source.schema_registry.url`; the values are the same orders with the schema `order_id` string, `customer`
+  string, `amount` bytes decimal(12,2), `ts` long timestamp-micros. The registry is
+  `ledgerbatch.devregistry.DevRegistry` (in-memory, Confluent REST) in the harness's own process.
+- **Registry requests**: the registry counts every request it receives by route; the harness reads the count of
+  `GET /schemas/ids/{{id}}` (how a deserializer fetches a writer schema) before starting the Avro follower and
+  after it has exited, so everything the follower asked for is in it. The staging tasks are not counted from the
+  requests but computed as `plugins/ledgerbatch/stage.py` starts them: min(ranges of the batch, from
+  `ledger.batch_ranges`, 2 x Spark's default parallelism, which under `local[*]` is the cores the process may
+  use). The schema ids are those in the produced values' wire-format prefix. The figure is requests / (schema ids x
+  tasks), of the worst run.
 - **Peak memory**: the process tree (children included) sampled every 100 ms, the peak of the summed PSS.
   PSS rather than RSS because Spark's Python workers fork from one daemon and share most pages. Roles: `java`
   is the JVM (driver and executors of `local[*]`), a Python process under the JVM is a Spark Python worker,

@@ -1,4 +1,5 @@
-"""The benchmark driver (issue #5): floor, peer and ledgerbatch on the same data, then latency and scaling.
+"""The benchmark driver (issue #5): floor, peer and ledgerbatch on the same data (ledgerbatch warm on it as JSON
+and as Avro too, issue #10), then latency and scaling.
 
     python -m bench.run [--records N] [--partitions P] [--runs R] [--historic N1,N2,...] [--out DIR] [--docs DIR]
 """
@@ -19,13 +20,15 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from ledgerbatch.demodata import produce_orders
+from ledgerbatch.devregistry import DevRegistry
 
 from . import floor, lb, plot, report
+from .avro import AvroOrders
 from .common import DB_PREFIX, REPO, SERVER_URL, DevBrokerProcess, check_retained, child_env, median_run
 from .latency import Latency
 from .peer import Peer
 
-TOPIC, LATENCY_TOPIC = "bench", "latency"
+TOPIC, AVRO_TOPIC, LATENCY_TOPIC = "bench", "bench_avro", "latency"
 
 
 def _sizes(value: str) -> list[int]:
@@ -46,9 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def contenders(bootstrap: str, args, workdir: Path, peer: Peer) -> dict:
+def contenders(bootstrap: str, args, workdir: Path, peer: Peer, avro: AvroOrders) -> dict:
     runs: dict[str, list[dict]] = {k: [] for k in ("floor", "peer", "ledgerbatch_one", "ledgerbatch_warm",
-                                                   "ledgerbatch_several", "ledgerbatch_small_batch")}
+                                                   "ledgerbatch_avro_warm", "ledgerbatch_several",
+                                                   "ledgerbatch_small_batch")}
     small = max(1, args.records // 10)
     for i in range(args.runs):
         print(f"run {i + 1}/{args.runs}: floor", flush=True)
@@ -59,6 +63,7 @@ def contenders(bootstrap: str, args, workdir: Path, peer: Peer) -> dict:
         runs["ledgerbatch_one"].append(lb.run(bootstrap, TOPIC, f"{DB_PREFIX}one", workdir, args.records)
                                        | {"batch_records": args.records})
         runs["ledgerbatch_warm"].append(lb.run_warm(bootstrap, TOPIC, f"{DB_PREFIX}warm", workdir, args.records))
+        runs["ledgerbatch_avro_warm"].append(avro.run_warm(f"{DB_PREFIX}avro", workdir, args.records))
         runs["ledgerbatch_several"].append(lb.run(bootstrap, TOPIC, f"{DB_PREFIX}several", workdir, -(-args.records // 4)))
         runs["ledgerbatch_small_batch"].append(lb.run(bootstrap, TOPIC, f"{DB_PREFIX}small", workdir, small, max_batches=1)
                                                | {"batch_records": small})
@@ -97,22 +102,28 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python -m bench.run " + shlex.join(sys.argv[1:] if argv is None else argv)
     load_at_start = os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="lb_bench_"))
-    broker = DevBrokerProcess({TOPIC: args.partitions, LATENCY_TOPIC: 4})
+    broker = DevBrokerProcess({TOPIC: args.partitions, AVRO_TOPIC: args.partitions, LATENCY_TOPIC: 4})
+    registry = DevRegistry()
     try:
         print(f"dev broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
         check_retained(broker.bootstrap, TOPIC, args.records)
+        print(f"dev registry {registry.url}: the same orders as Avro into {AVRO_TOPIC}", flush=True)
+        avro = AvroOrders(broker.bootstrap, registry, AVRO_TOPIC, args.records, args.partitions)
+        check_retained(broker.bootstrap, AVRO_TOPIC, args.records)
         peer = Peer(broker.bootstrap, TOPIC, args.records)
         try:
-            results = {"started": started, "contenders": contenders(broker.bootstrap, args, workdir, peer)}
+            results = {"started": started, "contenders": contenders(broker.bootstrap, args, workdir, peer, avro)}
         finally:
             peer.close()
+        results["registry"] = avro.registry_figures()
         print("latency: cold, then warm", flush=True)
         latency = Latency(broker.bootstrap, LATENCY_TOPIC, 4, workdir)
         results["latency"] = {"cold": latency.cold(args.latency_repeats), "warm": latency.warm(args.latency_repeats)}
         print(f"scaling: {args.historic} historic batches", flush=True)
         results["scaling"] = scaling(broker.bootstrap, args, workdir)
     finally:
+        registry.stop()
         broker.close()
         shutil.rmtree(workdir, ignore_errors=True)
         drop_databases()

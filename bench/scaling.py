@@ -28,7 +28,7 @@ from ledgerbatch.sparksession import get_spark
 from ledgerbatch.spec import load_spec
 
 from . import lb
-from .common import fresh_database, watermarks
+from .common import DB_PREFIX, fresh_database, watermarks
 
 NAME = "bench_scale"
 NEW_RECORDS = 100
@@ -62,7 +62,7 @@ def one_size(spark, n: int, bootstrap: str, topic: str, partitions: int, workdir
     highs = [hi for _, (_, hi) in sorted(watermarks(bootstrap, topic).items())]
     if not partitions <= n <= min(highs) * partitions:
         raise SystemExit(f"scaling: {n} historic batches need {partitions} to {min(highs) * partitions} offsets' worth")
-    url = fresh_database("lb_bench_scale")
+    url = fresh_database(f"{DB_PREFIX}scale")
     lb.write_spec(workdir, NAME, topic, 100_000)
     spec = load_spec(workdir, NAME)
     engine = make_engine(url)
