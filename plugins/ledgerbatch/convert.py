@@ -43,6 +43,8 @@ def _to_string(v):
         return "true" if v else "false"
     if isinstance(v, (int, Decimal, float, uuid.UUID)):  # uuid: Avro's logical type
         return str(v)
+    if isinstance(v, dt.time):  # Avro time-millis/micros
+        return v.isoformat()
     if isinstance(v, (list, dict)):
         raise BadValue(f"expected a string, got a JSON {'array' if isinstance(v, list) else 'object'}")
     raise BadValue(f"expected a string, got {show(v)}")

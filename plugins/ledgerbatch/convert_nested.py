@@ -23,7 +23,7 @@ def nested_converter(col: Column) -> Callable:
         to_json = json_converter(col)
         return lambda v: dumps(to_json(v))
     element = converter(col.children[0])  # ARRAY<scalar>
-    return lambda v: array_literal([None if x is None else element(x) for x in _items(v)])
+    return lambda v: array_literal([None if x is None else _at(f"[{i}]", element, x) for i, x in enumerate(_items(v))])
 
 
 def json_converter(col: Column) -> Callable:
@@ -75,7 +75,7 @@ def _map_key(col: Column) -> Callable:
             try:
                 k = json.loads(k, parse_float=Decimal)
             except ValueError:
-                raise BadValue(f"map key {show(k)} is not a {col.spark_ddl}") from None
+                raise BadValue(f"map key {show(k)} is not of type {col.spark_ddl}") from None
         converted = scalar(k)
         return _array_text(converted) if not isinstance(converted, str) else converted
     return convert

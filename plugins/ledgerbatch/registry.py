@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .decoders import REGISTRY_FORMATS, make_decoder
-from .decoders.registry import registry_client
+from .decoders.registry import CLIENT_OPTIONS, registry_client
 from .errors import ConfigError, SpecError
 from .schema import parse_schema
 from .spec import PipelineSpec, check_columns
@@ -22,6 +22,9 @@ def with_registry(spec: PipelineSpec, deployment: dict[str, str]) -> PipelineSpe
     connection ledgerbatch_schema_registry) under its own; the columns resolved if it lists none."""
     if spec.format not in REGISTRY_FORMATS:
         return spec
+    unknown = sorted(set(map(str, deployment)) - set(CLIENT_OPTIONS))
+    if unknown:
+        raise ConfigError(f"schema registry settings {', '.join(unknown)} are unknown (allowed: {', '.join(CLIENT_OPTIONS)})")
     options = {**{str(k): str(v) for k, v in deployment.items()}, **dict(spec.format_options)}
     if not options.get("url"):
         raise ConfigError(f"pipeline {spec.name}: format {spec.format} needs a schema registry: set "
@@ -41,7 +44,11 @@ def resolve_columns(spec: PipelineSpec) -> PipelineSpec:
 
     options = dict(spec.format_options)
     try:
-        latest = registry_client(options).get_latest_version(subject(spec))
+        client = registry_client(options)
+    except ValueError as exc:
+        raise ConfigError(f"pipeline {spec.name}: schema registry settings: {exc}") from None
+    try:
+        latest = client.get_latest_version(subject(spec))
     except SchemaRegistryError as exc:
         if exc.http_status_code == 404:
             raise SpecError(f"pipeline {spec.name}: no schema:, and the registry has no subject {subject(spec)} "
@@ -49,7 +56,11 @@ def resolve_columns(spec: PipelineSpec) -> PipelineSpec:
         raise ConfigError(f"schema registry {options['url']} answered {exc.http_status_code}: {exc.error_message}") from None
     except Exception as exc:  # the transport's own errors: the registry is down or unreachable
         raise ConfigError(f"schema registry {options['url']} is not reachable: {exc}") from None
-    ddl = _columns_ddl(spec, latest.schema)
+    try:
+        ddl = _columns_ddl(spec, latest.schema)
+    except ValueError as exc:
+        raise SpecError(f"pipeline {spec.name}: no schema:, and {subject(spec)} version {latest.version} gives no "
+                        f"columns: {exc}") from None
     try:
         columns = parse_schema(ddl)
         check_columns(columns, spec.key, spec.transform)

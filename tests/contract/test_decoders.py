@@ -130,3 +130,9 @@ class TestJsonSchema(RegistryDecoderContract):
     FORMAT = "json_schema"
     EXTRA_LOOKUPS = 0
     encoder = staticmethod(json_schema_encoder)
+
+    def test_nan_is_bad_as_in_format_json(self, codec):
+        decoder, encode = codec
+        raw = encode(ORDER)
+        with pytest.raises(BadValue, match="NaN is not a JSON number"):
+            decoder.decode(raw[:5] + raw[5:].replace(b"12.5", b"NaN"))

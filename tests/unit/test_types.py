@@ -59,6 +59,9 @@ def test_scalar_arrays_become_array_literals():
     assert convert("tags", []) == "{}"
     with pytest.raises(BadValue, match="expected an array"):
         convert("tags", "a")
+    with pytest.raises(BadValue, match="is not a decimal number") as bad:
+        convert("amounts", [1, "x"])
+    assert bad.value.path == ("[1]",)
 
 
 def test_maps_variants_and_arrays_of_structs_are_exact_json():
@@ -87,6 +90,7 @@ def test_native_values_of_registry_formats():
     assert convert("day", dt.date(2026, 1, 2)) == dt.date(2026, 1, 2)
     assert convert("ratio", 0.25) == 0.25
     assert convert("ref", uuid.UUID(int=1)) == "00000000-0000-0000-0000-000000000001"
+    assert convert("ref", dt.time(10, 30, 0, 250)) == "10:30:00.000250"  # Avro time-millis/micros
     with pytest.raises(BadValue, match="expected an ISO-8601 date"):
         convert("day", 20260102)
 
@@ -115,3 +119,18 @@ def test_evolution_adds_widens_and_refuses_the_rest():
     assert plan_evolution(actual, cols, additive=False).problems[0] == "b is integer, the spec says bigint"
     narrowing = plan_evolution({"a": "bigint", "c": "numeric(12,4)"}, parse_schema("a INT, c DECIMAL(12,2)"), True)
     assert narrowing.problems == ("a is bigint, the spec says integer", "c is numeric(12,4), the spec says numeric(12,2)")
+
+
+def test_protobuf_columns_of_a_message_that_contains_itself():
+    from google.protobuf import descriptor_pb2
+
+    from ledgerbatch.decoders.protobuf import _field_type
+
+    from ..serde import add_fields, message_class
+
+    proto = descriptor_pb2.FileDescriptorProto(name="tree.proto", package="t", syntax="proto3")
+    add_fields(proto.message_type.add(name="Node"), ("name", 1, "string"), ("children", 2, ".t.Node", "repeated"),
+               ("sizes", 3, "uint64", "repeated"))
+    node = message_class("t.Node", proto).DESCRIPTOR
+    assert [_field_type(f) for f in node.fields] == ["STRING", "ARRAY<STRUCT<name: STRING, children: ARRAY<VARIANT>, "
+                                                     "sizes: ARRAY<DECIMAL(20,0)>>>", "ARRAY<DECIMAL(20,0)>"]

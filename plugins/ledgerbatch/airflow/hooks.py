@@ -141,8 +141,9 @@ class SchemaRegistryHook(BaseHook):
         except AirflowNotFoundException:
             return {}
         config = {str(k): str(v) for k, v in conn.extra_dejson.items()}
-        if conn.host:
-            host = conn.host if "://" in conn.host else f"http://{conn.host}"
+        if conn.host:  # the scheme: in the host, else the schema field (as HttpHook reads it), else the type's
+            scheme = conn.schema or ("https" if conn.conn_type == "https" else "http")
+            host = conn.host if "://" in conn.host else f"{scheme}://{conn.host}"
             config["url"] = f"{host}:{conn.port}" if conn.port else host
         if conn.login:
             config["basic.auth.user.info"] = f"{conn.login}:{conn.password or ''}"

@@ -43,7 +43,8 @@ class AvroDecoder:
 _PRIMITIVES = {"string": "STRING", "int": "INT", "long": "BIGINT", "float": "FLOAT", "double": "DOUBLE",
                "boolean": "BOOLEAN", "bytes": "BINARY", "fixed": "BINARY", "enum": "STRING"}
 _LOGICAL = {"date": "DATE", "timestamp-millis": "TIMESTAMP", "timestamp-micros": "TIMESTAMP",
-            "local-timestamp-millis": "TIMESTAMP", "local-timestamp-micros": "TIMESTAMP", "uuid": "STRING"}
+            "local-timestamp-millis": "TIMESTAMP", "local-timestamp-micros": "TIMESTAMP", "uuid": "STRING",
+            "time-millis": "STRING", "time-micros": "STRING"}  # no TIME type: a time of day as ISO text
 
 
 def columns_ddl(schema) -> str:

@@ -7,12 +7,12 @@ from decimal import Decimal
 from ..convert import BadValue
 
 
-def _reject_constant(name: str):
+def reject_constant(name: str):
     raise BadValue(f"value is not valid JSON: {name} is not a JSON number")
 
 
 # One decoder for every record: json.loads with options would build a new one per call.
-_DECODER = json.JSONDecoder(parse_float=Decimal, parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_float=Decimal, parse_constant=reject_constant)
 
 
 class JsonDecoder:

@@ -6,11 +6,12 @@ import json
 from decimal import Decimal
 
 from ..convert import BadValue
+from .json import reject_constant
 from .registry import WRITER_SCHEMA_ONLY, decode_framed, registry_client
 
 
 def _loads(payload: bytes):
-    return json.loads(payload, parse_float=Decimal)
+    return json.loads(payload, parse_float=Decimal, parse_constant=reject_constant)
 
 
 class JsonSchemaDecoder:

@@ -93,19 +93,20 @@ _SCALARS = {"int32": "INT", "sint32": "INT", "sfixed32": "INT", "int64": "BIGINT
 
 
 def columns_ddl(schema, decoder: "ProtobufDecoder") -> str:
-    """The Spark DDL of the schema's first message (for specs without `schema:`)."""
+    """The Spark DDL of the schema's first message, message index 0 as Confluent's serializers number
+    them (for specs without `schema:`)."""
     desc = decoder.descriptor(schema, [0])
     return ", ".join(f"{f.name} {_field_type(f)}" for f in desc.fields)
 
 
-def _field_type(field) -> str:
+def _field_type(field, seen: frozenset = frozenset()) -> str:
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
         key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
-        return f"MAP<{_single_type(key)}, {_single_type(value)}>"
-    return f"ARRAY<{_single_type(field)}>" if field.is_repeated else _single_type(field)
+        return f"MAP<{_single_type(key, seen)}, {_single_type(value, seen)}>"
+    return f"ARRAY<{_single_type(field, seen)}>" if field.is_repeated else _single_type(field, seen)
 
 
-def _single_type(field) -> str:
+def _single_type(field, seen: frozenset = frozenset()) -> str:
     if field.message_type is None:
         from google.protobuf.descriptor import FieldDescriptor
 
@@ -115,7 +116,8 @@ def _single_type(field) -> str:
     if name == "google.protobuf.Timestamp":
         return "TIMESTAMP"
     if name in _WRAPPERS:
-        return _single_type(field.message_type.fields_by_name["value"])
-    if name.startswith("google.protobuf."):
+        return _single_type(field.message_type.fields_by_name["value"], seen)
+    if name.startswith("google.protobuf.") or name in seen:  # a message that contains itself: JSON
         return "VARIANT"
-    return "STRUCT<" + ", ".join(f"{f.name}: {_field_type(f)}" for f in field.message_type.fields) + ">"
+    inner = seen | {name}
+    return "STRUCT<" + ", ".join(f"{f.name}: {_field_type(f, inner)}" for f in field.message_type.fields) + ">"
