@@ -78,8 +78,8 @@ def _decimal_converter(col: Column):
     def convert(v):
         if isinstance(v, bool) or not isinstance(v, (int, Decimal, str, float)):
             raise BadValue(f"expected a decimal number, got {show(v)}")
-        try:  # a float by its shortest repr: 0.1 is 0.1, not its binary expansion
-            d = Decimal(v.strip()) if isinstance(v, str) else Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
+        try:  # a float by its shortest repr (0.1 is 0.1, not its binary expansion); text may have spaces around
+            d = Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
         except InvalidOperation:
             raise BadValue(f"{show(v)} is not a decimal number") from None
         if not d.is_finite():

@@ -97,19 +97,28 @@ class Parser:
         self.decoder = decoder or make_decoder("json")
         self.schema = to_arrow_schema(staged_struct(columns, metadata), timezone="UTC")
         self.converters = [converter(c) for c in columns]
+        self.fields = [(c.name, convert) for c, convert in zip(columns, self.converters)]
         self.required_at = [(i, c.name) for i, c in enumerate(columns) if c.name in required]
+
+    def _row(self, raw: bytes | None) -> list | tuple:
+        """The typed values of one record: one quick pass, and parse_value to say which field is bad."""
+        obj = self.decoder.decode(raw)
+        try:
+            return [None if (v := obj.get(name)) is None else convert(v) for name, convert in self.fields]
+        except (ValueError, OverflowError, ArithmeticError):  # BadValue included
+            return parse_value(raw, self.decoder, self.columns, self.converters)  # raises, naming the field
 
     def parse(self, topic: str, partition: int, records: Records):
         import pyarrow as pa
 
-        decoder, columns, converters, required_at = self.decoder, self.columns, self.converters, self.required_at
+        columns, required_at = self.columns, self.required_at
         keys, values = records.keys, records.values
         rows, bad = [], {}  # bad: position -> reason
         headers = [] if "headers" in self.metadata else None
         empty_row = (None,) * len(columns)
         for at, value in enumerate(values):
             try:
-                row = parse_value(value, decoder, columns, converters)
+                row = self._row(value)
                 for i, name in required_at:
                     if row[i] is None:
                         raise BadValue(f"field {name}: missing or null, but it is part of the target key")

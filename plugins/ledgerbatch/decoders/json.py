@@ -31,7 +31,11 @@ class JsonDecoder:
         except UnicodeDecodeError as exc:
             raise BadValue(f"value is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
         try:
-            obj = _DECODER.decode(text)
+            # raw_decode spares decode()'s two whitespace scans; anything around the value (whitespace,
+            # extra data) goes through decode() and its exact rules and messages.
+            obj, end = _DECODER.raw_decode(text) if text[0] not in " \t\n\r" else (None, -1)
+            if end != len(text):
+                obj = _DECODER.decode(text)
         except BadValue:  # NaN, Infinity: already says why
             raise
         except RecursionError:
