@@ -45,9 +45,10 @@ class DecoderContract:
 
     def test_garbage_and_truncated_values_are_bad(self, codec):
         decoder, encode = codec
-        for raw in (b"\x07garbage", b"{not json", encode(ORDER)[:-4]):
-            with pytest.raises(BadValue):
+        for raw in (b"\x07garbage", b"{not json", encode(ORDER)[:-4], encode(ORDER)[:6]):
+            with pytest.raises(BadValue) as bad:
                 decoder.decode(raw)
+            assert not str(bad.value).rstrip().endswith(":"), f"a reason that says nothing: {bad.value}"
 
 
 class RegistryDecoderContract(DecoderContract):

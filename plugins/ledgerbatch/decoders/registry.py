@@ -72,4 +72,4 @@ def decode_framed(raw: bytes | None, decode: Callable[[bytes], object]) -> objec
     except Exception as exc:
         if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2"):
             raise RegistryUnavailable(f"schema registry unreachable while reading schema id {sid}: {exc!r}") from None
-        raise BadValue(f"value does not decode with writer schema id {sid}: {exc or type(exc).__name__}") from None
+        raise BadValue(f"value does not decode with writer schema id {sid}: {str(exc) or type(exc).__name__}") from None
