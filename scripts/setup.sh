@@ -16,8 +16,8 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-  say "Python 3.10+ is required (found $("$PYTHON" --version 2>&1))"; exit 1
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  say "Python 3.11+ is required (found $("$PYTHON" --version 2>&1))"; exit 1
 fi
 [ -x .venv/bin/python ] || { say "creating .venv"; "$PYTHON" -m venv .venv; }
 stamp=.venv/.requirements.sha256
