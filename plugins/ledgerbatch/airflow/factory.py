@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -45,15 +46,34 @@ def pipelines_dir() -> Path:
     return Path(os.environ.get("LEDGERBATCH_PIPELINES_DIR") or REPO_ROOT / "pipelines").resolve()
 
 
-def load_specs(directory: Path) -> list[PipelineSpec]:
-    """Valid specs; an invalid one is logged and left out so that it cannot take the other DAGs down."""
+@dataclass(frozen=True)
+class LeftOut:
+    """A pipeline whose DAG is left out, and why (an invalid spec, a schedule Airflow refuses, ...)."""
+
+    spec_path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.spec_path.name}: {self.reason}"
+
+
+def load_specs(directory: Path, left_out: list[LeftOut] | None = None) -> list[PipelineSpec]:
+    """Valid specs; an invalid one is logged (and added to `left_out`) so that it cannot take the other DAGs
+    down."""
     specs = []
     for path in sorted(directory.glob("*.yaml")):
         try:
             specs.append(parse_spec_file(path))
-        except SpecError as exc:
-            log.error("ledgerbatch: skipping pipeline spec: %s", exc)
+        except Exception as exc:  # noqa: BLE001  (one spec, whatever its fault, must not stop the others)
+            reason = str(exc).removeprefix(f"{path}: ") if isinstance(exc, SpecError) else f"{type(exc).__name__}: {exc}"
+            _leave_out(left_out, LeftOut(path, reason))
     return specs
+
+
+def _leave_out(left_out: list[LeftOut] | None, item: LeftOut) -> None:
+    log.error("ledgerbatch: leaving out pipeline spec %s: %s", item.spec_path, item.reason)
+    if left_out is not None:
+        left_out.append(item)
 
 
 def pipeline_dag(spec: PipelineSpec, directory: Path) -> DAG:
@@ -66,6 +86,7 @@ def pipeline_dag(spec: PipelineSpec, directory: Path) -> DAG:
         max_active_runs=1,
         default_args=DEFAULT_ARGS,
         tags=["ledgerbatch", f"pipeline:{spec.name}"],
+        auto_register=False,  # only build_dags' DAGs are exposed: one that fails below must not slip into the DagBag
         doc_md=f"Exactly-once delivery of {', '.join(spec.topics)} into "
                f"`{spec.target_schema}.{spec.target_table}` ({spec.mode}), at most {spec.max_records} "
                f"offsets per batch. Spec: `{directory / (spec.name + '.yaml')}`.",
@@ -75,11 +96,20 @@ def pipeline_dag(spec: PipelineSpec, directory: Path) -> DAG:
         commit = CommitBatchOperator(task_id="commit", batch_id=BATCH_ID, doc_md=TASK_DOCS["commit"], **common)
         verify = VerifyOperator(task_id="verify", doc_md=TASK_DOCS["verify"], retries=0, **common)
         plan >> process >> commit >> verify
+    dag.validate()  # what the DagBag checks (a cron string, ...): fail here, for this pipeline alone
     return dag
 
 
-def backfill_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
+def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[LeftOut] = ()) -> DAG:
     names = [s.name for s in specs] or ["(no pipelines)"]
+    doc_md = ("Re-read an explicit range of a pipeline's topic. A range its batches already delivered is a "
+              "**replay**: exactly the target rows (and quarantined records) of those source coordinates are "
+              "replaced in one transaction. A range before the pipeline's start offset is a **backfill**. The "
+              "live cursors never move. `dry_run` stages the result and reports the row diff without changing "
+              "the target. Everything is recorded in `ledger.batches` (kind replay/backfill).")
+    if left_out:
+        doc_md += ("\n\n**Pipelines left out** (no DAG, not in this form; fix the spec and the next parse picks "
+                   "it up):\n\n" + "\n".join(f"- `{item.spec_path}`: {item.reason}" for item in left_out))
     common = dict(pipeline="{{ params.pipeline }}", pipelines_dir=str(directory))
     with DAG(
         dag_id="ledgerbatch_backfill",
@@ -88,11 +118,8 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
         catchup=False,
         default_args={**DEFAULT_ARGS, "retries": 1},
         tags=["ledgerbatch", "backfill"],
-        doc_md="Re-read an explicit range of a pipeline's topic. A range its batches already delivered is a "
-               "**replay**: exactly the target rows (and quarantined records) of those source coordinates are "
-               "replaced in one transaction. A range before the pipeline's start offset is a **backfill**. The "
-               "live cursors never move. `dry_run` stages the result and reports the row diff without changing "
-               "the target. Everything is recorded in `ledger.batches` (kind replay/backfill).",
+        auto_register=False,
+        doc_md=doc_md,
         params={
             "pipeline": Param(names[0], enum=names, description="Pipeline spec to replay."),
             "topic": Param("", type="string", description="Topic; empty: the pipeline's only topic."),
@@ -119,9 +146,21 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
     return dag
 
 
-def build_dags(directory: Path | None = None) -> dict[str, DAG]:
+def build_dags(directory: Path | None = None, left_out: list[LeftOut] | None = None) -> dict[str, DAG]:
+    """`ledgerbatch_<name>` for every spec of `directory` (default: pipelines_dir()), and `ledgerbatch_backfill`.
+
+    A spec that does not parse, or whose DAG cannot be built (e.g. an invalid `schedule:`), is left out alone:
+    logged as `ledgerbatch: leaving out pipeline spec PATH: REASON`, appended to `left_out`, listed in the
+    backfill DAG's docs; every other pipeline's DAG still loads.
+    """
     directory = directory or pipelines_dir()
-    specs = load_specs(directory)
-    dags = {f"ledgerbatch_{s.name}": pipeline_dag(s, directory) for s in specs}
-    dags["ledgerbatch_backfill"] = backfill_dag(specs, directory)
+    left_out = [] if left_out is None else left_out
+    dags, built = {}, []
+    for spec in load_specs(directory, left_out):
+        try:
+            dags[f"ledgerbatch_{spec.name}"] = pipeline_dag(spec, directory)
+            built.append(spec)
+        except Exception as exc:  # noqa: BLE001  (this pipeline alone)
+            _leave_out(left_out, LeftOut(directory / f"{spec.name}.yaml", f"{type(exc).__name__}: {exc}"))
+    dags["ledgerbatch_backfill"] = backfill_dag(built, directory, left_out)
     return dags

@@ -1,0 +1,108 @@
+"""Robust DAG loading: a spec Airflow cannot use is left out alone, with its reason; the other DAGs load."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import yaml
+
+from .helpers import REPO
+
+pytestmark = pytest.mark.integration
+
+GOOD = {
+    "name": "good",
+    "source": {"topics": ["good"], "format": "json", "schema": "order_id STRING, amount DECIMAL(12,2)"},
+    "target": {"table": "public.good", "mode": "append"},
+    "schedule": "@hourly",
+}
+
+
+@pytest.fixture
+def pipelines(tmp_path, monkeypatch):
+    """good.yaml, bad_cron.yaml (`schedule: not a cron`) and broken.yaml (not even YAML), as the DAG file's dir."""
+    directory = tmp_path / "pipelines"
+    directory.mkdir()
+    (directory / "good.yaml").write_text(yaml.safe_dump(GOOD))
+    bad = {**GOOD, "name": "bad_cron", "source": {**GOOD["source"], "topics": ["bad"]}, "schedule": "not a cron"}
+    (directory / "bad_cron.yaml").write_text(yaml.safe_dump(bad))
+    (directory / "broken.yaml").write_text("name: broken\nsource: [unclosed\n")
+    monkeypatch.setenv("LEDGERBATCH_PIPELINES_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture
+def factory_log():
+    """The factory logger's records (a handler of its own: Airflow's structlog set-up decides where caplog's go)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    logger = logging.getLogger("ledgerbatch.airflow.factory")
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+def _reasons(records) -> dict[str, str]:
+    """spec file name -> reason, from the `ledgerbatch: leaving out pipeline spec PATH: REASON` lines."""
+    prefix = "ledgerbatch: leaving out pipeline spec "
+    out = {}
+    for record in records:
+        message = record.getMessage()
+        if message.startswith(prefix):
+            path, _, reason = message[len(prefix):].partition(": ")
+            out[path.rsplit("/", 1)[-1]] = reason
+    return out
+
+
+def test_dagbag_loads_the_good_dags_and_leaves_out_a_bad_schedule_with_its_reason(pipelines, factory_log):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+
+    # No import error on the shared DAG file: Airflow would mark every DAG of that file stale.
+    assert bag.import_errors == {}
+    assert set(bag.dag_ids) == {"ledgerbatch_good", "ledgerbatch_backfill"}
+    assert bag.dags["ledgerbatch_good"].schedule == "@hourly"
+    reasons = _reasons(factory_log)
+    assert set(reasons) == {"bad_cron.yaml", "broken.yaml"}, reasons
+    assert "AirflowTimetableInvalid" in reasons["bad_cron.yaml"] and "columns" in reasons["bad_cron.yaml"]
+    assert "not valid YAML" in reasons["broken.yaml"]
+
+    backfill = bag.dags["ledgerbatch_backfill"]
+    assert backfill.params.get_param("pipeline").schema["enum"] == ["good"]
+    assert "Pipelines left out" in backfill.doc_md and "bad_cron.yaml" in backfill.doc_md
+    assert "broken.yaml" in backfill.doc_md
+
+
+def test_build_dags_reports_what_it_left_out(pipelines):
+    from ledgerbatch.airflow.factory import build_dags
+
+    left_out = []
+    dags = build_dags(pipelines, left_out)
+    assert set(dags) == {"ledgerbatch_good", "ledgerbatch_backfill"}
+    assert sorted(item.spec_path.name for item in left_out) == ["bad_cron.yaml", "broken.yaml"]
+    assert all(item.reason for item in left_out)
+
+
+def test_a_dag_that_fails_to_build_is_not_autoregistered(pipelines, monkeypatch):
+    """Any error while building one pipeline's DAG (not only the schedule) leaves that one out."""
+    from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+    from ledgerbatch.airflow import factory
+
+    real = factory.pipeline_dag
+
+    def flaky(spec, directory):
+        dag = real(spec, directory)
+        if spec.name == "good":
+            raise RuntimeError("boom while building")
+        return dag
+
+    monkeypatch.setattr(factory, "pipeline_dag", flaky)
+    DagContext.autoregistered_dags.clear()
+    monkeypatch.setattr(DagContext, "current_autoregister_module_name", __name__)  # as while the DagBag imports
+    left_out = []
+    assert set(factory.build_dags(pipelines, left_out)) == {"ledgerbatch_backfill"}
+    assert "RuntimeError: boom while building" in {item.reason for item in left_out}
+    assert not DagContext.autoregistered_dags
