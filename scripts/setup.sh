@@ -15,6 +15,17 @@ if ! command -v java >/dev/null 2>&1; then
   fi
 fi
 
+# Headless Chromium for the browser test of the Airflow UI (tests/browser, driven by Playwright; never
+# `playwright install`): Debian's package, installed only as root with apt and only when it is missing.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing Chromium (the browser test of the Airflow UI)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    say "Chromium is missing: tests/browser will fail (install it, e.g. apt-get install chromium)"
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   say "Python 3.11+ is required (found $("$PYTHON" --version 2>&1))"; exit 1

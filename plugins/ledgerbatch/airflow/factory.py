@@ -121,16 +121,22 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
         auto_register=False,
         doc_md=doc_md,
         params={
-            "pipeline": Param(names[0], enum=names, description="Pipeline spec to replay."),
-            "topic": Param("", type="string", description="Topic; empty: the pipeline's only topic."),
-            "partitions": Param([], type="array", items={"type": "integer", "minimum": 0},
-                                description="Partitions; empty: all."),
-            "from_offset": Param(None, type=["null", "integer"], minimum=0, description="First offset (inclusive)."),
-            "until_offset": Param(None, type=["null", "integer"], minimum=1, description="End offset (exclusive)."),
-            "from_time": Param(None, type=["null", "string"], description="Or a time window: ISO-8601 start "
-                               "(resolved to offsets by the broker, where it supports timestamp look-ups)."),
-            "until_time": Param(None, type=["null", "string"], description="ISO-8601 end of the time window."),
-            "dry_run": Param(True, type="boolean", description="Stage and report the diff only."),
+            "pipeline": Param(names[0], enum=names, title="Pipeline", description="Pipeline spec to replay."),
+            # Every optional field is nullable with default None: the form opens valid with them empty.
+            "topic": Param(None, type=["null", "string"], title="Topic",
+                           description="Empty: the pipeline's only topic."),
+            "partitions": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 0},
+                                title="Partitions", description="A JSON list such as [0, 3]; empty: all."),
+            "from_offset": Param(None, type=["null", "integer"], minimum=0, title="From offset",
+                                 description="First offset (inclusive)."),
+            "until_offset": Param(None, type=["null", "integer"], minimum=1, title="Until offset",
+                                  description="End offset (exclusive)."),
+            "from_time": Param(None, type=["null", "string"], format="date-time", title="From time",
+                               description="Or a time window instead of offsets: its start, resolved to offsets "
+                                           "by the broker (where it supports timestamp look-ups)."),
+            "until_time": Param(None, type=["null", "string"], format="date-time", title="Until time",
+                                description="The end of the time window."),
+            "dry_run": Param(True, type="boolean", title="Dry run", description="Stage and report the diff only."),
         },
     ) as dag:
         plan = PlanReplayOperator(task_id="plan", request="{{ params | tojson }}",
