@@ -36,6 +36,19 @@ def _positive_float(value: str) -> float:
     return x
 
 
+def _natural(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 0")
+    return int(value)
+
+
+def _partition_list(value: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in value.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{value!r} must be partition numbers separated by commas, e.g. 0,1,5")
+    return tuple(sorted({int(p) for p in parts}))
+
+
 def _topic_arg(value: str) -> tuple[str, int]:
     name, _, partitions = value.partition(":")
     if not name or not partitions.isdigit() or int(partitions) < 1:
@@ -55,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="never stop at caught up: keep Spark warm and plan again every --idle-seconds until SIGTERM")
     run.add_argument("--idle-seconds", type=_positive_float, default=1.0, metavar="S",
                      help="with --follow: how long to wait before planning again when caught up (default 1)")
+    replay = sub.add_parser("replay", help="re-deliver an explicit range (what the backfill DAG does, without Airflow)")
+    replay.add_argument("pipeline")
+    replay.add_argument("--topic", help="default: the pipeline's only topic")
+    replay.add_argument("--partitions", type=_partition_list, metavar="0,1,...", help="default: every partition")
+    replay.add_argument("--from-offset", type=_natural, metavar="X", help="first offset (inclusive)")
+    replay.add_argument("--until-offset", type=_positive, metavar="Y", help="end offset (exclusive)")
+    replay.add_argument("--from-time", metavar="ISO", help="or a time window: ISO-8601 start")
+    replay.add_argument("--until-time", metavar="ISO", help="ISO-8601 end of the time window")
+    replay.add_argument("--dry-run", action="store_true", help="stage and print the diff; the target is not touched")
+    replay.add_argument("--master", help="Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
     status = sub.add_parser("status", help="per partition: cursor, end offset, lag, retention headroom, last batch")
     status.add_argument("pipeline", nargs="?", help="one pipeline (default: every spec in the pipelines dir)")
     status.add_argument("--json", action="store_true", help="print a JSON list of pipelines, for scripts")
@@ -172,6 +195,29 @@ def cmd_status(args, settings: Settings) -> None:
     print(json.dumps(statuses, indent=2) if args.json else "\n\n".join(render(s) for s in statuses))
 
 
+def cmd_replay(args, settings: Settings) -> None:
+    from .replay import request_from_params, run_replay
+    from .sparksession import get_spark
+
+    spec = settings.spec(args.pipeline)
+    request = request_from_params(spec, {"topic": args.topic, "partitions": args.partitions,
+                                         "from_offset": args.from_offset, "until_offset": args.until_offset,
+                                         "from_time": args.from_time, "until_time": args.until_time})
+    master = args.master or settings.spark_master
+    outcome = run_replay(_engine(settings), spec, request, settings.db_url, settings.require_bootstrap(),
+                         lambda: get_spark(master, f"ledgerbatch-replay-{spec.name}"), args.dry_run)
+    b = outcome.batch
+    print(f"{spec.name}: {b.kind} batch {b.batch_id} over {', '.join(map(str, b.ranges))}")
+    print(f"  {b.records_read} records read, {b.rows_written} delivered, {b.records_filtered} filtered, "
+          f"{b.rows_quarantined} quarantined" + (f", {b.groups_written} groups" if b.groups_written is not None else ""))
+    if outcome.diff is not None:
+        d = outcome.diff
+        print(f"  dry run, target unchanged (batch abandoned): {d.added} added, {d.removed} removed, "
+              f"{d.changed} changed, {d.unchanged} unchanged")
+    else:
+        print("  committed in one transaction: what earlier deliveries of these ranges left in the target is replaced")
+
+
 def cmd_verify(args, settings: Settings) -> int:
     from .verify import verify
 
@@ -215,7 +261,7 @@ def cmd_demo(args, settings: Settings) -> None:
         run_with_airflow(settings, args.records, args.partitions, args.port)
 
 
-COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "status": cmd_status, "verify": cmd_verify,
+COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "replay": cmd_replay, "status": cmd_status, "verify": cmd_verify,
             "acknowledge-loss": cmd_acknowledge_loss, "dev-broker": cmd_dev_broker, "dev-registry": cmd_dev_registry,
             "demo": cmd_demo}
 

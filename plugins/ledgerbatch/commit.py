@@ -16,9 +16,10 @@ from . import ledger, tables
 from .errors import FencedError, LedgerbatchError, ReconcileError
 from .faults import crash_point, terminate_point
 from .modes import mode_for
-from .reconcile import Counts, check_error_budget, reconcile, reconcile_ranges
+from .reconcile import Counts, check_error_budget, reconcile, reconcile_query, reconcile_ranges
 from .spec import PipelineSpec
 from .states import BatchKind, BatchStatus, RangeRefused
+from .transform import spec_for_batch
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged: process it first")
         if attempt is not None and batch.attempt != attempt:
             raise FencedError(f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} owns the batch")
+        spec = spec_for_batch(spec, batch.output_schema)  # a query pipeline publishes the output it staged
 
         # 2. Live: compare-and-set every cursor from `from` to `until`.
         #    Replay/backfill: the cursors stay; each range must still be what it was planned as.
@@ -83,14 +85,20 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
                                      f"version's shape (dropped, staged by an earlier ledgerbatch, or before the spec's "
                                      f"columns changed): the next run stages it again")
             tables.lock_staging(conn, batch.staging_table)
-            staged = tables.staged_counts(conn, batch.staging_table)
-            if tables.staged_overlap(conn, batch.staging_table):
+            if spec.mode != "aggregate" and tables.staged_overlap(conn, batch.staging_table):
                 raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds offsets both as rows and as bad records")
             recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
-            bad = sum(row.bad for row in staged)
-            total = sum(row.rows for row in staged)
-            reconcile(recorded, Counts(total, total - bad, bad))
-            reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
+            if spec.query is None:
+                staged = tables.staged_counts(conn, batch.staging_table)
+                bad = sum(row.bad for row in staged)
+                total = sum(row.rows for row in staged)
+                reconcile(recorded, Counts(total, total - bad, bad))
+                reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
+            else:
+                # A query's output has no record per row: what was read per range was recorded
+                # before the query (ledger.staged_reads); staging holds its bad records and output.
+                reconcile_query(batch, tables.staged_bad(conn, batch.staging_table),
+                                tables.staged_rows(conn, batch.staging_table), spec.mode == "aggregate")
             check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
 
             # 4. Publish the staged rows through the target mode (an append target takes a big batch's

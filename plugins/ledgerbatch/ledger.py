@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from .errors import FENCED, FencedError, LedgerbatchError
-from .ranges import OffsetRange, TopicPartition, Watermarks
+from .ranges import OffsetRange, TopicPartition, Watermarks, range_arrays
 from .sqlfiles import query
 from .states import BatchKind, BatchStatus, RangeRefused, classify
 from .statements import StagedMarkStatements
@@ -28,6 +28,9 @@ class Batch:
     error: str | None
     ranges: tuple[OffsetRange, ...]
     range_counts: dict[TopicPartition, int | None]
+    records_filtered: int = 0  # good records a query transform dropped
+    groups_written: int | None = None  # aggregate targets: the groups the batch's result holds
+    output_schema: str | None = None  # query transforms: the output columns staged (Spark DDL)
 
     @property
     def span(self) -> int:
@@ -83,6 +86,7 @@ def get_batch(conn: Connection, batch_id: int, for_update: bool = False) -> Batc
         rows_written=row.rows_written, rows_quarantined=row.rows_quarantined, error=row.error,
         ranges=tuple(OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset) for r in ranges),
         range_counts={(r.topic, r.partition): r.records_read for r in ranges},
+        records_filtered=row.records_filtered, groups_written=row.groups_written, output_schema=row.output_schema,
     )
 
 
@@ -96,9 +100,10 @@ def insert_batch(conn: Connection, pipeline: str, kind: BatchKind, ranges: list[
     return batch_id
 
 
-def begin_attempt(conn: Connection, batch_id: int) -> int:
-    """Take ownership of an unfinished batch; earlier attempts are fenced from now on."""
-    attempt = _run(conn, "begin_attempt", {"batch_id": batch_id}).scalar_one_or_none()
+def begin_attempt(conn: Connection, batch_id: int, output_schema: str | None = None) -> int:
+    """Take ownership of an unfinished batch; earlier attempts are fenced from now on. A query
+    transform's output columns (`output_schema`) are fixed for the attempt here."""
+    attempt = _run(conn, "begin_attempt", {"batch_id": batch_id, "output_schema": output_schema}).scalar_one_or_none()
     if attempt is None:
         status = get_batch(conn, batch_id).status
         raise FencedError(f"batch {batch_id} is {status}: there is nothing left to process")
@@ -106,19 +111,27 @@ def begin_attempt(conn: Connection, batch_id: int) -> int:
 
 
 def staged_mark_statements() -> StagedMarkStatements:
-    return StagedMarkStatements(query("mark_staged"), query("set_range_count"))
+    return StagedMarkStatements(query("mark_staged"), query("set_range_count"), query("staged_reads"))
+
+
+def staged_read_statement() -> str:
+    """What a query pipeline's staging task runs (psycopg2) to record its range's counts."""
+    return query("record_staged_read")
 
 
 def mark_staged(conn: Connection, batch_id: int, attempt: int, staging: str, ranges: tuple[OffsetRange, ...],
-                counts: dict[TopicPartition, tuple[int, int]], statements: StagedMarkStatements | None = None) -> None:
-    """Record the staged counts (rows, bad) per range, fenced by attempt: a superseded attempt's result
-    is refused. `statements` come with a staging job whose writer may run without sql/."""
+                counts: dict[TopicPartition, tuple[int, int]], statements: StagedMarkStatements | None = None,
+                filtered: int = 0, groups: int | None = None) -> None:
+    """Record the staged counts (records, bad) per range, fenced by attempt: a superseded attempt's
+    result is refused. A query transform also dropped `filtered` good records (an aggregate's
+    result holds `groups` rows). `statements` come with a staging job whose writer may run without sql/."""
     sql = statements or staged_mark_statements()
     records = sum(r for r, _ in counts.values())
     bad = sum(b for _, b in counts.values())
     marked = conn.execute(text(sql.mark), {
         "batch_id": batch_id, "attempt": attempt, "staging_table": staging, "records_read": records,
-        "rows_written": records - bad, "rows_quarantined": bad,
+        "rows_written": records - bad - filtered, "rows_quarantined": bad, "records_filtered": filtered,
+        "groups_written": groups,
     }).rowcount
     if marked != 1:
         raise FencedError(f"batch {batch_id} attempt {attempt} {FENCED}: staged result discarded")
@@ -129,6 +142,14 @@ def mark_staged(conn: Connection, batch_id: int, attempt: int, staging: str, ran
                                            "records_read": rows})
     if counts:
         raise LedgerbatchError(f"rows staged for partitions outside the batch: {sorted(counts)}")
+
+
+def staged_reads(conn: Connection, batch_id: int, attempt: int,
+                 statements: StagedMarkStatements | None = None) -> dict[TopicPartition, tuple[int, int]]:
+    """(records, bad) per range as a query pipeline's staging tasks recorded them for the attempt."""
+    sql = (statements or staged_mark_statements()).reads
+    rows = conn.execute(text(sql), {"batch_id": batch_id, "attempt": attempt})
+    return {(r.topic, r.partition): (r.records, r.bad) for r in rows}
 
 
 def mark_failed(conn: Connection, batch_id: int, attempt: int, error: str) -> bool:
@@ -144,6 +165,7 @@ def mark_abandoned(conn: Connection, batch_id: int, reason: str) -> None:
 def mark_committed(conn: Connection, batch_id: int) -> None:
     _run(conn, "mark_ranges_committed", {"batch_id": batch_id})
     _run(conn, "mark_committed", {"batch_id": batch_id})
+    _run(conn, "forget_staged_reads", {"batch_id": batch_id})
 
 
 def known_pipelines(conn: Connection) -> list[str]:
@@ -253,3 +275,19 @@ def report(conn: Connection, name: str) -> tuple[str, object]:
     """A named inspection query (report_*) with its SQL text, for printing both."""
     sql = query(name)
     return sql, conn.execute(text(sql))
+
+
+def delivering_batches(conn: Connection, pipeline: str, ranges, exclude_batch_id: int = 0) -> dict[int, list[OffsetRange]]:
+    """Committed batches (but `exclude_batch_id`) that delivered any offset of `ranges`, with all their ranges."""
+    out: dict[int, list[OffsetRange]] = {}
+    rows = _run(conn, "delivering_batches", {"pipeline": pipeline, "batch_id": exclude_batch_id, **range_arrays(ranges)})
+    for r in rows:
+        out.setdefault(r.batch_id, []).append(OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset))
+    return out
+
+
+def aggregate_violations(conn: Connection, pipeline: str, target: dict, contributions: str, key, measures_agg,
+                         differs) -> list[str]:
+    """An aggregate target against its contributions and the ledger (sql/queries/ledger_verify.sql)."""
+    return [row.problem for row in _run(conn, "verify_aggregate", {"pipeline": pipeline}, contributions=contributions,
+                                        key=key, measures_agg=measures_agg, differs=differs, **target)]

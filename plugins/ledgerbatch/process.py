@@ -8,12 +8,13 @@ import time
 
 from sqlalchemy.engine import Engine
 
-from . import ledger, tables
+from . import ledger, tables, transform
 from .config import libpq_dsn
 from .errors import FENCED, OFFSETS_LOST, BatchFailedError, DataLossError, FencedError, ReconcileError
 from .kafka import consumer_config
 from .ledger import Batch
 from .reconcile import Counts, check_error_budget
+from .schema import schema_ddl
 from .spec import PipelineSpec
 from .stage import stage_batch
 from .stage_tasks import StagingJob, StagingTable
@@ -33,11 +34,14 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     if batch.status == BatchStatus.STAGED:  # e.g. a task retried after staging: commit what is there, never re-read
         log.info("batch %d is already staged by attempt %d: nothing to process", batch_id, batch.attempt)
         return batch
+    # A query transform is analysed before anything is read: its output is the target's shape.
+    output = transform.output_columns(spark, spec) if spec.query is not None else None
+    target = transform.output_spec(spec, output) if output is not None else spec
     with engine.begin() as conn:
-        attempt = ledger.begin_attempt(conn, batch_id)
+        attempt = ledger.begin_attempt(conn, batch_id, schema_ddl(output) if output is not None else None)
         batch = ledger.get_batch(conn, batch_id)
         staging = tables.staging_name(batch_id, attempt)
-        tables.create_staging(conn, spec, staging, batch_id)
+        tables.create_staging(conn, target, staging, batch_id)
     log.info("batch %d attempt %d: reading %d offsets from %d ranges into ledger_staging.%s",
              batch_id, attempt, batch.span, len(batch.ranges), staging)
     job = StagingJob(
@@ -45,9 +49,10 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         kafka=consumer_config(bootstrap_servers, dict(spec.kafka_options)), stall_timeout_s=stall_timeout_s,
         columns=spec.columns, required=spec.key, fmt=spec.format, format_options=dict(spec.format_options),
         metadata=spec.metadata,
-        table=StagingTable(libpq_dsn(db_url), staging, tables.staging_statements(spec, staging),
-                           tuple(tables.column_names(spec)), batch_id),
+        table=StagingTable(libpq_dsn(db_url), staging, tables.staging_statements(target, staging),
+                           tuple(tables.column_names(target)), batch_id),
         mark=ledger.staged_mark_statements(),
+        output=tables.output_order(target) if output is not None else (), aggregate=spec.mode == "aggregate",
     )
     try:
         stage_batch(spark, engine, spec, job, db_url)
@@ -80,8 +85,9 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             f"ledger_staging.{tables.bad_name(staging)}; fix the data or the spec's errors section "
             f"and run again"
         ) from None
-    log.info("batch %d staged: %d records read, %d rows, %d bad (%.1fs)", batch_id, counts.records_read,
-             counts.rows_written, counts.rows_quarantined, time.monotonic() - started)
+    log.info("batch %d staged: %d records read, %d rows, %d filtered, %d bad%s (%.1fs)", batch_id,
+             counts.records_read, counts.rows_written, batch.records_filtered, counts.rows_quarantined,
+             f", {batch.groups_written} groups" if batch.groups_written is not None else "", time.monotonic() - started)
     return batch
 
 

@@ -97,3 +97,21 @@ def range_arrays(ranges: tuple[OffsetRange, ...] | list[OffsetRange]) -> dict[st
     """Ranges as the parallel arrays SQL unnests (:topics, :partitions, :from_offsets, :until_offsets)."""
     return {"topics": [r.topic for r in ranges], "partitions": [r.partition for r in ranges],
             "from_offsets": [r.from_offset for r in ranges], "until_offsets": [r.until_offset for r in ranges]}
+
+
+def covers(outer, inner) -> bool:
+    """Every range of `inner` lies inside the range of its partition in `outer`."""
+    by_tp = {r.topic_partition: r for r in outer}
+    return all(r.topic_partition in by_tp and by_tp[r.topic_partition].from_offset <= r.from_offset
+               and r.until_offset <= by_tp[r.topic_partition].until_offset for r in inner if r.span)
+
+
+def widen(requested, delivered) -> list[OffsetRange]:
+    """`requested` grown to cover each range of `delivered` (per partition: the smallest range holding
+    both). Empty delivered ranges add nothing."""
+    bounds: dict[TopicPartition, tuple[int, int]] = {r.topic_partition: (r.from_offset, r.until_offset) for r in requested}
+    for r in delivered:
+        if r.span:
+            low, high = bounds.get(r.topic_partition, (r.from_offset, r.until_offset))
+            bounds[r.topic_partition] = (min(low, r.from_offset), max(high, r.until_offset))
+    return [OffsetRange(t, p, low, high) for (t, p), (low, high) in sorted(bounds.items())]

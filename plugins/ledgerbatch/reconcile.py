@@ -41,3 +41,32 @@ def reconcile_ranges(expected: dict[tuple[str, int], int], staged: dict[tuple[st
             raise ReconcileError(
                 f"{tp[0]}[{tp[1]}]: {staged.get(tp, 0)} rows staged but {expected.get(tp, 0)} records read"
             )
+
+
+def query_counts(reads: dict[tuple[str, int], tuple[int, int]], output_rows: int, aggregate: bool) -> tuple[int, int | None]:
+    """A query pipeline's (records filtered, groups written) from what its tasks read (records, bad per
+    range) and the rows its query gave. Append and upsert queries give at most one row per record
+    (each keeps its coordinates); an aggregate query's groups are counted apart from the records."""
+    good = sum(records - bad for records, bad in reads.values())
+    if aggregate:
+        return 0, output_rows
+    if output_rows > good:
+        raise ReconcileError(f"the query gave {output_rows} rows for {good} good records: an append or upsert "
+                             f"query gives at most one row per record")
+    return good - output_rows, None
+
+
+def reconcile_query(batch, bad: dict[tuple[str, int], int], output_rows: int, aggregate: bool) -> None:
+    """A query pipeline's staging against its ledger record: the bad records, per range and in all,
+    and the query's output (rows, or an aggregate's groups)."""
+    if sum(bad.values()) != batch.rows_quarantined:
+        raise ReconcileError(f"batch {batch.batch_id}: staging holds {sum(bad.values())} bad records but the ledger "
+                             f"recorded {batch.rows_quarantined}")
+    for tp, n in sorted(bad.items()):
+        if n > (batch.range_counts.get(tp) or 0):
+            raise ReconcileError(f"{tp[0]}[{tp[1]}]: {n} bad records staged but {batch.range_counts.get(tp) or 0} "
+                                 f"records read")
+    expected = batch.groups_written if aggregate else batch.rows_written
+    if output_rows != expected:
+        raise ReconcileError(f"batch {batch.batch_id}: staging holds {output_rows} {'groups' if aggregate else 'rows'} "
+                             f"but the ledger recorded {expected}")

@@ -63,7 +63,7 @@ def resolve_columns(spec: PipelineSpec) -> PipelineSpec:
                         f"columns: {exc}") from None
     try:
         columns = parse_schema(ddl)
-        check_columns(columns, spec.key, spec.transform)
+        check_columns(columns, spec.key if spec.query is None else (), spec.transform)
     except SpecError as exc:
         raise SpecError(f"pipeline {spec.name}: the columns of {subject(spec)} version {latest.version} "
                         f"({ddl}) do not make a valid schema: {exc}") from None

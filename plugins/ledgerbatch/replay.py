@@ -12,16 +12,16 @@ import logging
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from . import kafka, ledger, tables
 from .errors import ConfigError, LedgerbatchError
 from .ledger import Batch
-from .ranges import OffsetRange, range_arrays
+from .modes import mode_for
+from .ranges import OffsetRange, widen
 from .spec import PipelineSpec
-from .sqlfiles import query
 from .states import BatchStatus
+from .transform import spec_for_batch
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ def plan_replay(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -
     """Record a replay or backfill batch of `ranges` (all of one kind)."""
     with engine.begin() as conn:
         ledger.lock_pipeline(conn, spec.name)
+        if spec.mode == "aggregate":
+            ranges = _whole_batches(conn, spec, ranges)
         kinds = {r: ledger.range_kind(conn, spec.name, r) for r in ranges}
         if len(set(kinds.values())) != 1:
             raise LedgerbatchError("the ranges mix replay and backfill: request them separately "
@@ -109,6 +111,18 @@ def plan_replay(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -
         batch = ledger.get_batch(conn, batch_id)
     log.info("planned %s batch %d: %s", kind, batch_id, ", ".join(map(str, ranges)))
     return batch
+
+
+def _whole_batches(conn, spec: PipelineSpec, ranges: list[OffsetRange]) -> list[OffsetRange]:
+    """An aggregate replay re-delivers whole batches (modes/aggregate.py takes out a batch's contribution
+    as a whole): the ranges grow until they hold every batch that delivered any of their offsets."""
+    while True:
+        delivering = ledger.delivering_batches(conn, spec.name, ranges)
+        wider = widen(ranges, [r for batch in delivering.values() for r in batch])
+        if wider == ranges:
+            return ranges
+        log.info("aggregate replay: widened to whole batches %s: %s", sorted(delivering), ", ".join(map(str, wider)))
+        ranges = wider
 
 
 @dataclass(frozen=True)
@@ -126,9 +140,7 @@ def dry_run_diff(engine: Engine, spec: PipelineSpec, batch_id: int) -> Diff:
         batch = ledger.get_batch(conn, batch_id, for_update=True)
         if batch.status != BatchStatus.STAGED:
             raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged")
-        row = conn.execute(text(query("replay_diff", schema=spec.target_schema, table=spec.target_table,
-                                      staging=batch.staging_table, columns=tables.column_names(spec))),
-                           range_arrays(batch.ranges)).one()
+        row = mode_for(spec).diff(conn, spec_for_batch(spec, batch.output_schema), batch)
         diff = Diff(row.added, row.removed, row.changed, row.unchanged, batch.rows_quarantined)
         ledger.mark_abandoned(conn, batch_id, f"dry run: {diff}")
     tables.drop_finished_staging(engine, spec.name)
@@ -161,3 +173,25 @@ def _epoch_ms(value: str | None) -> int | None:
         raise LedgerbatchError(f"{value!r} is not an ISO-8601 time") from None
     ts = ts.replace(tzinfo=dt.timezone.utc) if ts.tzinfo is None else ts
     return int(ts.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    batch: Batch  # as staged
+    diff: Diff | None  # a dry run's
+    committed: bool
+
+
+def run_replay(engine: Engine, spec: PipelineSpec, request: ReplayRequest, db_url: str, bootstrap_servers: str,
+               spark_factory, dry_run: bool) -> ReplayOutcome:
+    """What the backfill DAG does, in one process: plan the replay or backfill batch, stage it, then
+    commit it or (dry run) report the diff and abandon it. The live cursors never move."""
+    from .commit import commit_batch
+    from .process import process_batch
+
+    batch = plan_replay(engine, spec, resolve_ranges(spec, bootstrap_servers, request))
+    batch = process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
+    if dry_run:
+        return ReplayOutcome(batch, dry_run_diff(engine, spec, batch.batch_id), False)
+    commit_batch(engine, spec, batch.batch_id, batch.attempt)
+    return ReplayOutcome(batch, None, True)

@@ -86,12 +86,13 @@ METADATA = {"key": Column("_key", "BINARY"), "timestamp": Column("_timestamp", "
             "headers": Column("_headers", "VARIANT")}
 
 
-def parse_schema(ddl: str) -> tuple[Column, ...]:
-    """Parse `name TYPE, name TYPE, ...` (the subset of Spark DDL that maps onto PostgreSQL columns)."""
+def parse_schema(ddl: str, lineage_names: bool = False) -> tuple[Column, ...]:
+    """Parse `name TYPE, name TYPE, ...` (the subset of Spark DDL that maps onto PostgreSQL columns).
+    `lineage_names`: a query's output, which may carry metadata columns such as _timestamp."""
     if not isinstance(ddl, str) or not ddl.strip():
         raise SpecError("source.schema must be a non-empty Spark DDL string such as 'id STRING, amount DECIMAL(12,2)'")
     columns = _fields(ddl, "column", lambda f: f.split(None, 1))
-    for c in columns:
+    for c in columns if not lineage_names else ():
         if c.name.startswith("_"):
             raise SpecError(f"column {c.name!r}: names starting with _ are reserved for lineage columns")
     return columns
@@ -166,3 +167,8 @@ def _split_top_level(ddl: str) -> list[str]:
             current.append(ch)
     parts.append("".join(current))
     return [p for p in parts if p.strip()]
+
+
+def schema_ddl(columns: tuple[Column, ...]) -> str:
+    """The columns as the DDL parse_schema reads."""
+    return ", ".join(f"{c.name} {c.spark_ddl}" for c in columns)

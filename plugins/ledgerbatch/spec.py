@@ -16,10 +16,11 @@ from .schema import METADATA, Column, parse_schema
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
 _SECTION_KEYS = {
     "source": {"topics", "format", "schema", "start", "kafka", "metadata", "schema_registry"},
-    "target": {"table", "mode", "key", "evolve"},
+    "target": {"table", "mode", "key", "evolve", "measures"},
     "batch": {"max_records"},
     "errors": {"policy", "max_ratio"},
 }
+MERGES = ("sum", "min", "max")  # how an aggregate batch's value merges into the target's (modes/aggregate.py)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -40,6 +41,8 @@ class PipelineSpec:
     schedule: str | None = None
     kafka_options: tuple[tuple[str, str], ...] = ()
     transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
+    query: str | None = None  # or one Spark SQL query over the view `batch` (transform.py)
+    measures: tuple[tuple[str, str], ...] = ()  # mode aggregate: (column, sum | min | max)
     format: str = "json"  # a decoder of decoders.DECODERS
     format_options: tuple[tuple[str, str], ...] = ()  # the decoder's settings
     metadata: tuple[str, ...] = ()  # Kafka metadata as columns: key, timestamp, headers (schema.METADATA)
@@ -117,10 +120,10 @@ def parse_spec(doc: object) -> PipelineSpec:
     kafka_options = _mapping(source.get("kafka", {}), "source.kafka", None)
 
     target_schema, target_table = qualified(_required(target, "table", "target"), "target.table")
-    if target_schema in ("ledger", "ledger_staging"):  # ledgerbatch creates and drops tables there
+    if target_schema in ("ledger", "ledger_staging", "ledger_aggregates"):  # ledgerbatch creates and drops tables there
         raise SpecError(f"target.table: schema {target_schema!r} belongs to ledgerbatch; choose another")
-    mode = _choice(target.get("mode", "append"), "target.mode", ("append", "upsert"))
-    transform = _mapping(top.get("transform", {}), "transform", None)
+    mode = _choice(target.get("mode", "append"), "target.mode", ("append", "upsert", "aggregate"))
+    query, transform = _transform(top.get("transform"))
     key = target.get("key", [])
     if isinstance(key, str):
         key = [key]
@@ -128,12 +131,13 @@ def parse_spec(doc: object) -> PipelineSpec:
         raise SpecError("target.key must be a list of column names")
     for k in key:
         check_ident(k, "target.key column")
-    if columns:
+    if columns and query is None:  # a query's key columns are checked against its output (transform.py)
         check_columns(columns, key, transform)
-    if mode == "upsert" and not key:
-        raise SpecError("target.mode upsert needs target.key (the columns that identify a row)")
+    if mode in ("upsert", "aggregate") and not key:
+        raise SpecError(f"target.mode {mode} needs target.key (the columns that identify a row)")
     if mode == "append" and key:
-        raise SpecError("target.key is only used with target.mode upsert")
+        raise SpecError("target.key is only used with target.mode upsert or aggregate")
+    measures = _measures(target.get("measures"), mode, query, key)
 
     max_records = batch.get("max_records", 100_000)
     if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
@@ -142,9 +146,6 @@ def parse_spec(doc: object) -> PipelineSpec:
     ratio = errors.get("max_ratio", 0.05)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
         raise SpecError(f"errors.max_ratio must be a number between 0 and 1, got {ratio!r}")
-    for column, expression in transform.items():
-        if not isinstance(expression, str) or not expression.strip():
-            raise SpecError(f"transform.{column} must be a Spark SQL expression string")
     evolve = _choice(target.get("evolve", "additive" if fmt in REGISTRY_FORMATS else "none"), "target.evolve",
                      ("none", "additive"))
     schedule = top.get("schedule")
@@ -166,6 +167,8 @@ def parse_spec(doc: object) -> PipelineSpec:
         schedule=schedule,
         kafka_options=tuple(sorted((str(k), str(v)) for k, v in kafka_options.items())),
         transform=tuple(transform.items()),
+        query=query,
+        measures=measures,
         format=fmt,
         format_options=tuple(sorted((str(k), str(v)) for k, v in registry.items())),
         metadata=tuple(m for m in METADATA if m in metadata),
@@ -182,6 +185,43 @@ def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str],
     for column, _ in (transform.items() if isinstance(transform, dict) else transform):
         if column not in names:
             raise SpecError(f"transform: {column!r} is not a column of source.schema")
+
+
+def _transform(value: object) -> tuple[str | None, dict]:
+    """`transform:` is one Spark SQL query over the view `batch` (a string) or per-column expressions."""
+    if value is None:
+        return None, {}
+    if isinstance(value, str):
+        if not re.search(r"\bbatch\b", value, re.I):
+            raise SpecError("transform: the query must read the view `batch` (the batch's parsed records), "
+                            "e.g. SELECT *, amount * 100 AS cents FROM batch")
+        return value.strip().rstrip(";"), {}
+    transform = _mapping(value, "transform", None)
+    for column, expression in transform.items():
+        if not isinstance(expression, str) or not expression.strip():
+            raise SpecError(f"transform.{column} must be a Spark SQL expression string")
+    return None, transform
+
+
+def _measures(value: object, mode: str, query: str | None, key: list) -> tuple[tuple[str, str], ...]:
+    """mode aggregate: how each non-key output column of the query merges into the target."""
+    if mode != "aggregate":
+        if value is not None:
+            raise SpecError("target.measures is only used with target.mode aggregate")
+        return ()
+    if query is None:
+        raise SpecError("target.mode aggregate needs transform: a Spark SQL query over `batch` that groups by "
+                        "target.key, e.g. SELECT customer, count(*) AS orders FROM batch GROUP BY customer")
+    measures = _mapping(value if value is not None else {}, "target.measures", None)
+    if not measures:
+        raise SpecError("target.mode aggregate needs target.measures: {column: sum | min | max, ...}")
+    for column, how in measures.items():
+        check_ident(str(column), "target.measures column")
+        if how not in MERGES:
+            raise SpecError(f"target.measures.{column} must be one of {', '.join(MERGES)}, got {how!r}")
+        if column in key:
+            raise SpecError(f"target.measures.{column}: a key column cannot be a measure")
+    return tuple((str(c), h) for c, h in measures.items())
 
 
 def with_kafka_options(spec: PipelineSpec, options: dict[str, str]) -> PipelineSpec:

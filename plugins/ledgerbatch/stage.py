@@ -12,11 +12,14 @@ from . import ledger, source, stage_tasks
 from .parse import parse_batches, staged_struct
 from .spec import PipelineSpec
 from .stage_tasks import StagingJob
+from .transform import run_query
 
 
 def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob, db_url: str) -> None:
     """Stage every range of the job; the batch is `staged` with its counts when this returns."""
-    if spec.transform:
+    if spec.query is not None:
+        _stage_query(spark, spec, job, db_url)
+    elif spec.transform:
         _stage_dataframe(spark, spec, job, db_url)
     else:
         _stage_direct(spark, engine, job)
@@ -34,26 +37,37 @@ def _stage_direct(spark, engine: Engine, job: StagingJob) -> None:
 
 
 def _stage_dataframe(spark, spec: PipelineSpec, job: StagingJob, db_url: str) -> None:
-    """The transform is Spark SQL: rows go through a DataFrame from the range reader to the staging
-    sink, whose commit records the counts."""
+    """The transform is per-column Spark SQL: rows go through a DataFrame from the range reader to the
+    staging sink, whose commit records the counts."""
+    parse = functools.partial(parse_batches, columns=job.columns, required=job.required, fmt=job.fmt,
+                              options=job.format_options, metadata=job.metadata)
+    parsed = _read(spark, job).mapInArrow(parse, staged_struct(job.columns, job.metadata))
+    _write(apply_transform(parsed, spec), job, db_url)
+
+
+def _stage_query(spark, spec: PipelineSpec, job: StagingJob, db_url: str) -> None:
+    """The transform is a query over `batch`: each range's bad records and counts are staged as it is
+    parsed, the query's output goes to the staging sink, whose commit records the counts."""
+    stage_bad = functools.partial(stage_tasks.stage_bad_records, job=job)
+    good = _read(spark, job).mapInArrow(stage_bad, staged_struct(job.columns, job.metadata))
+    _write(run_query(spark, good, spec).select(*job.output), job, db_url)
+
+
+def _read(spark, job: StagingJob):
+    """The job's ranges through the range reader (source.py), one input partition per range."""
     import json
 
-    raw = (
+    return (
         spark.read.format(source.FORMAT)
         .option("ranges", json.dumps([r.to_dict() for r in job.ranges]))
         .option("kafka", json.dumps(job.kafka))
         .option("stall_timeout_s", str(job.stall_timeout_s))
         .load()
     )
-    parse = functools.partial(parse_batches, columns=job.columns, required=job.required, fmt=job.fmt,
-                              options=job.format_options, metadata=job.metadata)
-    parsed = raw.mapInArrow(parse, staged_struct(job.columns, job.metadata))
-    (
-        apply_transform(parsed, spec).write.format(stage_tasks.FORMAT).mode("append")
-        .option("job", job.encode())
-        .option("db_url", db_url)
-        .save()
-    )
+
+
+def _write(df, job: StagingJob, db_url: str) -> None:
+    df.write.format(stage_tasks.FORMAT).mode("append").option("job", job.encode()).option("db_url", db_url).save()
 
 
 def apply_transform(df, spec: PipelineSpec):

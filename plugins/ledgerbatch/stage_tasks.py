@@ -6,7 +6,9 @@ what an earlier try of it left, so a retried task never duplicates.
 
 Two ways in: `stage_ranges` reads, decodes, parses and stages whole ranges inside one Python task
 (no round trip through the JVM); `StagingSink` stages a DataFrame, for pipelines whose transform is
-Spark SQL. The driver side (stage.py) starts them and records the counts.
+Spark SQL. A query transform (transform.py) may drop, multiply or group records, so its pipelines
+stage each range's bad records and read counts before the query (`stage_bad_records`) and the
+query's output after it. The driver side (stage.py) starts them and records the counts.
 """
 from __future__ import annotations
 
@@ -60,6 +62,8 @@ class StagingJob:
     metadata: tuple[str, ...]  # Kafka metadata columns (spec.metadata)
     table: StagingTable
     mark: StagedMarkStatements
+    output: tuple[str, ...] = ()  # query pipelines: the output columns, in the COPY's order
+    aggregate: bool = False  # the output is groups, not rows of records
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -141,6 +145,64 @@ def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
                                              schema=schema)
 
 
+def stage_bad_records(batches: Iterator, job: StagingJob) -> Iterator:
+    """mapInArrow body of a query pipeline over ONE range's raw records: parse, COPY the bad records
+    and record what was read (ledger.staged_reads) in one transaction, and pass the good rows on. A
+    task that is not read to its end (a LIMIT in the query) records nothing, and the batch fails."""
+    import psycopg2
+    import pyarrow.compute as pc
+    from pyspark import TaskContext
+
+    from .parse import parse_batches
+
+    rng = job.ranges[TaskContext.get().partitionId()]  # the reader has one input partition per range
+    parsed = parse_batches(batches, job.columns, job.required, job.fmt, job.format_options, job.metadata)
+    sql, where = job.table.statements, {"topic": rng.topic, "partition": rng.partition}
+    records = bad = 0
+    conn = psycopg2.connect(job.table.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(sql.lock, {"lock": f"{job.table.name}|{rng.topic}|{rng.partition}"})
+            cur.execute(sql.delete_bad, where)
+            for batch in parsed:
+                if (batch.column("_topic")[0].as_py(), batch.column("_partition")[0].as_py()) != rng.topic_partition:
+                    raise RuntimeError(f"the staging task of {rng} got records of another partition")
+                records += batch.num_rows
+                errors = batch.column("_error")
+                if errors.null_count < batch.num_rows:
+                    is_bad = pc.is_valid(errors)
+                    bad_rows = batch.filter(is_bad)
+                    bad += bad_rows.num_rows
+                    _copy(cur, sql.copy_bad, [bad_rows.column(n) for n in BAD_COLUMNS])
+                    batch = batch.filter(pc.invert(is_bad))
+                if batch.num_rows:
+                    yield batch
+            cur.execute(sql.record_read, {**where, "batch_id": job.batch_id, "attempt": job.attempt,
+                                          "records": records, "bad": bad})
+    finally:
+        conn.close()
+
+
+def copy_output(batches: Iterator, job: StagingJob) -> int:
+    """COPY one task's share of a query's output in one transaction; returns the rows. A retry of a
+    task that had committed collides with the staging table's unique key and fails the attempt."""
+    import psycopg2
+    import pyarrow as pa
+
+    rows = 0
+    conn = psycopg2.connect(job.table.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            for batch in batches:
+                if batch.num_rows:
+                    batch_ids = pa.repeat(pa.scalar(job.batch_id, pa.int64()), batch.num_rows)
+                    _copy(cur, job.table.statements.copy_output, [batch.column(n) for n in job.output] + [batch_ids])
+                    rows += batch.num_rows
+    finally:
+        conn.close()
+    return rows
+
+
 @dataclass
 class RangeCounts(WriterCommitMessage):
     counts: dict = field(default_factory=dict)  # "topic\tpartition" -> [rows, bad rows]
@@ -163,6 +225,8 @@ class StagingWriter(DataSourceArrowWriter):
         self.db_url = options["db_url"]
 
     def write(self, iterator: Iterator) -> RangeCounts:
+        if self.job.output:
+            return RangeCounts({"": [copy_output(iterator, self.job), 0]})
         result = copy_range(iterator, self.job.table)
         if result is None:
             return RangeCounts()
@@ -176,6 +240,8 @@ class StagingWriter(DataSourceArrowWriter):
 
         from .ledger import mark_staged
 
+        if self.job.output:
+            return self._commit_query(sum(m.counts.get("", [0])[0] for m in messages if m))
         counts = {}
         for message in messages:
             for key, (rows, bad) in (message.counts if message else {}).items():
@@ -188,6 +254,29 @@ class StagingWriter(DataSourceArrowWriter):
             with engine.begin() as conn:
                 job = self.job
                 mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, counts, job.mark)
+        finally:
+            engine.dispose()
+
+    def _commit_query(self, output_rows: int) -> None:
+        """Record a query pipeline's attempt: what its tasks read per range, and what the query made of it."""
+        from sqlalchemy import create_engine
+        from sqlalchemy.pool import NullPool
+
+        from .ledger import mark_staged, staged_reads
+        from .reconcile import query_counts
+
+        job = self.job
+        engine = create_engine(self.db_url, poolclass=NullPool)
+        try:
+            with engine.begin() as conn:
+                reads = staged_reads(conn, job.batch_id, job.attempt, job.mark)
+                unread = [str(r) for r in job.ranges if r.topic_partition not in reads]
+                if unread:
+                    raise RuntimeError(f"the query did not read every range to its end ({', '.join(unread)}): "
+                                       f"a LIMIT cannot be part of a pipeline's transform")
+                filtered, groups = query_counts(reads, output_rows, job.aggregate)
+                mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, reads, job.mark,
+                            filtered=filtered, groups=groups)
         finally:
             engine.dispose()
 

@@ -13,10 +13,15 @@ class StagingStatements:
     delete: str
     copy: str
     copy_bad: str
+    # query pipelines: bad records and read counts are staged before the query, its output after
+    delete_bad: str = ""
+    record_read: str = ""
+    copy_output: str = ""
 
 
 @dataclass(frozen=True)
 class StagedMarkStatements:
-    """Recording a staged attempt (ledger.mark_staged)."""
+    """Recording a staged attempt (ledger.mark_staged, ledger.staged_reads)."""
     mark: str
     set_count: str
+    reads: str

@@ -12,7 +12,7 @@ from . import ledger
 from .errors import SpecError
 from .evolve import plan_evolution
 from .identifiers import quote_ident
-from .schema import LINEAGE
+from .schema import COORDINATE_NAMES, LINEAGE
 from .spec import PipelineSpec
 from .sqlfiles import Fragment, query
 from .statements import StagingStatements
@@ -44,39 +44,67 @@ def column_names(spec: PipelineSpec) -> list[str]:
 
 
 def staging_statements(spec: PipelineSpec, staging: str) -> StagingStatements:
-    """What an attempt's staging tasks run, rendered here because executors may not have sql/."""
+    """What an attempt's staging tasks run, rendered here because executors may not have sql/. `spec`
+    is the target's view of it (a query pipeline's: transform.output_spec)."""
+    copy = query("staging_copy", staging=staging, columns=column_names(spec))
+    if spec.query is None:
+        return StagingStatements(lock=query("staging_task_lock"), copy=copy,
+                                 delete=query("staging_delete_partition", staging=staging, bad=bad_name(staging)),
+                                 copy_bad=query("staging_copy_bad", bad=bad_name(staging)))
     return StagingStatements(
-        lock=query("staging_task_lock"),
-        delete=query("staging_delete_partition", staging=staging, bad=bad_name(staging)),
-        copy=query("staging_copy", staging=staging, columns=column_names(spec)),
+        lock=query("staging_task_lock"), copy=copy, delete="",
         copy_bad=query("staging_copy_bad", bad=bad_name(staging)),
+        delete_bad=query("staging_delete_bad", bad=bad_name(staging)),
+        record_read=ledger.staged_read_statement(),
+        # aggregate staging holds groups, without coordinates
+        copy_output=(query("staging_copy_output", staging=staging, columns=column_names(spec))
+                     if spec.mode == "aggregate" else copy),
     )
 
 
+def output_order(spec: PipelineSpec) -> tuple[str, ...]:
+    """A query's output columns in the order staging_statements' copy_output takes them."""
+    lineage = () if spec.mode == "aggregate" else COORDINATE_NAMES
+    return tuple(column_names(spec)) + lineage
+
+
 def create_staging(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> None:
-    conn.execute(text(query("create_staging", staging=staging, bad=bad_name(staging), defs=column_defs(spec))),
-                 {"batch_id": batch_id})
+    """The attempt's table of good rows (an aggregate's: of groups, one per key) and of bad records."""
+    if spec.mode == "aggregate":
+        conn.execute(text(query("create_staging_groups", staging=staging, defs=column_defs(spec), key=list(spec.key))),
+                     {"batch_id": batch_id})
+    else:
+        conn.execute(text(query("create_staging", staging=staging, defs=column_defs(spec))), {"batch_id": batch_id})
+    conn.execute(text(query("create_staging_bad", bad=bad_name(staging))))
+
+
+def staged_rows(conn: Connection, staging: str) -> int:
+    return conn.execute(text(query("staged_rows", staging=staging))).scalar_one()
+
+
+def staged_bad(conn: Connection, staging: str) -> dict[tuple[str, int], int]:
+    return {(r.topic, r.partition): r.bad for r in conn.execute(text(query("staged_bad", bad=bad_name(staging))))}
 
 
 def table_exists(conn: Connection, schema: str, table: str) -> bool:
     return conn.execute(text(query("table_exists")), {"schema": schema, "table": table}).scalar_one()
 
 
-def evolve_target(conn: Connection, spec: PipelineSpec) -> None:
-    """Bring the target to the spec's columns where `target.evolve` allows it (evolve.py), in the
-    caller's transaction; refuse a target that disagrees otherwise."""
-    target = dict(schema=spec.target_schema, table=spec.target_table)
+def evolve_target(conn: Connection, spec: PipelineSpec, lineage=LINEAGE, at: tuple[str, str] | None = None) -> None:
+    """Bring the target (or the table `at`, with the target's columns) to the spec's columns where
+    `target.evolve` allows it (evolve.py), in the caller's transaction; refuse one that disagrees."""
+    schema, table = at or (spec.target_schema, spec.target_table)
+    target = dict(schema=schema, table=table)
     actual = {r.column_name: r.type for r in conn.execute(text(query("table_columns")), target)}
-    change = plan_evolution(actual, spec.stored_columns + LINEAGE, spec.evolve == "additive")
+    change = plan_evolution(actual, spec.stored_columns + tuple(lineage), spec.evolve == "additive")
     if change.problems:
-        raise SpecError(f"target table {spec.target_schema}.{spec.target_table} disagrees with the spec: "
-                        f"{'; '.join(change.problems)}")
+        raise SpecError(f"table {schema}.{table} disagrees with the spec: {'; '.join(change.problems)}")
     for c in change.add:
         conn.execute(text(query("add_column", column=c.name, type=Fragment(c.pg_type), **target)))
-        log.info("%s.%s: added column %s %s", spec.target_schema, spec.target_table, c.name, c.pg_type)
+        log.info("%s.%s: added column %s %s", schema, table, c.name, c.pg_type)
     for c in change.widen:
         conn.execute(text(query("widen_column", column=c.name, type=Fragment(c.pg_type), **target)))
-        log.info("%s.%s: widened column %s to %s", spec.target_schema, spec.target_table, c.name, c.pg_type)
+        log.info("%s.%s: widened column %s to %s", schema, table, c.name, c.pg_type)
 
 
 def staging_complete(conn: Connection, spec: PipelineSpec, staging: str) -> bool:

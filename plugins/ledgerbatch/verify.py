@@ -13,6 +13,5 @@ def verify(engine: Engine, spec: PipelineSpec) -> list[str]:
     with engine.connect() as conn:
         problems = ledger.violations(conn, spec.name)
         if tables.table_exists(conn, spec.target_schema, spec.target_table):
-            problems += ledger.target_violations(conn, spec.name, spec.target_schema, spec.target_table,
-                                                 mode_for(spec).rows_match_records)
+            problems += mode_for(spec).violations(conn, spec)
     return problems

@@ -27,12 +27,12 @@ WHERE pipeline = :pipeline AND kind = 'live' AND status IN ('planned', 'staged',
 
 -- name: get_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
-       rows_quarantined, error
+       rows_quarantined, error, records_filtered, groups_written, output_schema
 FROM ledger.batches WHERE batch_id = :batch_id;
 
 -- name: lock_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
-       rows_quarantined, error
+       rows_quarantined, error, records_filtered, groups_written, output_schema
 FROM ledger.batches WHERE batch_id = :batch_id FOR UPDATE;
 
 -- name: get_ranges
@@ -57,15 +57,21 @@ VALUES (:batch_id, :pipeline, :kind, :topic, :partition, :from_offset, :until_of
 -- name: begin_attempt
 UPDATE ledger.batches
 SET attempt = attempt + 1, status = 'planned', staging_table = NULL, error = NULL,
-    records_read = NULL, rows_written = NULL, rows_quarantined = NULL, staged_at = NULL, updated_at = now()
+    records_read = NULL, rows_written = NULL, rows_quarantined = NULL, staged_at = NULL, updated_at = now(),
+    records_filtered = 0, groups_written = NULL, output_schema = :output_schema
 WHERE batch_id = :batch_id AND status IN ('planned', 'staged', 'failed')
 RETURNING attempt;
 
 -- name: mark_staged
 UPDATE ledger.batches
 SET status = 'staged', staging_table = :staging_table, records_read = :records_read,
-    rows_written = :rows_written, rows_quarantined = :rows_quarantined, staged_at = now(), updated_at = now()
+    rows_written = :rows_written, rows_quarantined = :rows_quarantined, records_filtered = :records_filtered,
+    groups_written = :groups_written, staged_at = now(), updated_at = now()
 WHERE batch_id = :batch_id AND attempt = :attempt AND status = 'planned';
+
+-- name: staged_reads
+-- What a query pipeline's staging tasks read per range (staging_tasks.sql: record_staged_read).
+SELECT topic, partition, records, bad FROM ledger.staged_reads WHERE batch_id = :batch_id AND attempt = :attempt;
 
 -- name: set_range_count
 UPDATE ledger.batch_ranges SET records_read = :records_read
@@ -86,6 +92,10 @@ UPDATE ledger.batch_ranges SET committed = true WHERE batch_id = :batch_id;
 -- name: mark_committed
 UPDATE ledger.batches SET status = 'committed', committed_at = now(), updated_at = now()
 WHERE batch_id = :batch_id;
+
+-- name: forget_staged_reads
+-- Once the batch is committed its counts are in batches and batch_ranges.
+DELETE FROM ledger.staged_reads WHERE batch_id = :batch_id;
 
 -- name: mark_abandoned
 UPDATE ledger.batches SET status = 'abandoned', error = :reason, updated_at = now()
@@ -140,3 +150,18 @@ WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :pipeline AND b.status 
 
 -- name: ledger_exists
 SELECT to_regclass('ledger.schema_migrations') IS NOT NULL;
+
+-- name: delivering_batches
+-- Committed batches of the pipeline (other than :batch_id) whose ranges overlap the given ranges
+-- (parallel arrays), with each of their ranges: an aggregate replay supersedes whole batches.
+SELECT r.batch_id, r.topic, r.partition, r.from_offset, r.until_offset
+FROM ledger.batch_ranges r
+WHERE r.pipeline = :pipeline AND r.committed AND r.batch_id <> :batch_id
+  AND r.batch_id IN (
+      SELECT o.batch_id FROM ledger.batch_ranges o
+      JOIN unnest(CAST(:topics AS text[]), CAST(:partitions AS int[]), CAST(:from_offsets AS bigint[]), CAST(:until_offsets AS bigint[]))
+           AS q(topic, partition, from_offset, until_offset)
+        ON o.topic = q.topic AND o.partition = q.partition
+       AND o.from_offset < q.until_offset AND q.from_offset < o.until_offset
+      WHERE o.pipeline = :pipeline AND o.committed)
+ORDER BY r.batch_id, r.topic, r.partition;

@@ -36,12 +36,41 @@ WHERE q.pipeline = :pipeline
 HAVING count(*) > 0;
 
 -- name: verify_append_counts
--- Append targets: rows + quarantined records = records read by committed live and backfill batches.
-SELECT format('target holds %s rows and quarantine %s records, but committed batches read %s records',
+-- Append targets: rows + quarantined records = records read by committed live and backfill batches
+-- less what their query transforms filtered out.
+SELECT format('target holds %s rows and quarantine %s records, but committed batches read %s records and filtered %s',
               (SELECT count(*) FROM {schema}.{table}),
               (SELECT count(*) FROM ledger.quarantine WHERE pipeline = :pipeline),
-              (SELECT coalesce(sum(records_read), 0) FROM ledger.batches
-               WHERE pipeline = :pipeline AND status = 'committed' AND kind IN ('live', 'backfill'))) AS problem
+              d.records_read, d.records_filtered) AS problem
+FROM (SELECT coalesce(sum(records_read), 0) AS records_read, coalesce(sum(records_filtered), 0) AS records_filtered
+      FROM ledger.batches
+      WHERE pipeline = :pipeline AND status = 'committed' AND kind IN ('live', 'backfill')) d
 WHERE (SELECT count(*) FROM {schema}.{table}) + (SELECT count(*) FROM ledger.quarantine WHERE pipeline = :pipeline)
-   <> (SELECT coalesce(sum(records_read), 0) FROM ledger.batches
-       WHERE pipeline = :pipeline AND status = 'committed' AND kind IN ('live', 'backfill'));
+   <> d.records_read - d.records_filtered;
+
+-- name: verify_aggregate
+-- Aggregate targets (modes/aggregate.py): contributions come from committed batches of this
+-- pipeline, no two contributing batches delivered the same offset (a replay took the old one out),
+-- and every group of the target equals its contributions merged.
+SELECT format('%s contributions carry batch ids that are not committed batches of this pipeline (e.g. %s)',
+              count(*), min(c._batch_id)) AS problem
+FROM ledger_aggregates.{contributions} c
+LEFT JOIN ledger.batches b ON b.batch_id = c._batch_id AND b.pipeline = :pipeline AND b.status = 'committed'
+WHERE b.batch_id IS NULL
+HAVING count(*) > 0
+UNION ALL
+SELECT format('offsets counted twice: %s[%s] [%s, %s) of batch %s overlaps batch %s',
+              o.topic, o.partition, o.from_offset, o.until_offset, o.batch_id, o.previous_batch)
+FROM (SELECT r.*, lag(r.until_offset) OVER w AS previous_until, lag(r.batch_id) OVER w AS previous_batch
+      FROM ledger.batch_ranges r
+      WHERE r.pipeline = :pipeline AND r.committed AND r.from_offset < r.until_offset
+        AND r.batch_id IN (SELECT DISTINCT _batch_id FROM ledger_aggregates.{contributions})
+      WINDOW w AS (PARTITION BY r.topic, r.partition ORDER BY r.from_offset)) o
+WHERE o.from_offset < o.previous_until
+UNION ALL
+SELECT format('%s groups of the target differ from their contributions merged (e.g. %s)', count(*), min(ROW({key})::text))
+FROM {schema}.{table} c
+FULL JOIN (SELECT {key}, {measures_agg}, true AS _present FROM ledger_aggregates.{contributions} c GROUP BY {key}) r
+     USING ({key})
+WHERE c._batch_id IS NULL OR r._present IS NULL OR {differs}
+HAVING count(*) > 0;

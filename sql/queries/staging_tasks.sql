@@ -17,3 +17,18 @@ COPY ledger_staging.{staging} ({columns}, _topic, _partition, _offset, _batch_id
 
 -- name: staging_copy_bad
 COPY ledger_staging.{bad} (_topic, _partition, _offset, _error, _key, _value) FROM STDIN WITH (FORMAT csv);
+
+-- name: record_staged_read
+-- Executors (psycopg2), query pipelines: what this task read from its range, in the transaction
+-- that stages the range's bad records; a retried task replaces its row (ledger.staged_reads).
+INSERT INTO ledger.staged_reads (batch_id, attempt, topic, partition, records, bad)
+VALUES (%(batch_id)s, %(attempt)s, %(topic)s, %(partition)s, %(records)s, %(bad)s)
+ON CONFLICT (batch_id, attempt, topic, partition) DO UPDATE SET records = EXCLUDED.records, bad = EXCLUDED.bad;
+
+-- name: staging_delete_bad
+-- Executors (psycopg2), query pipelines: drop the bad records an earlier try of the task left behind.
+DELETE FROM ledger_staging.{bad} WHERE _topic = %(topic)s AND _partition = %(partition)s;
+
+-- name: staging_copy_output
+-- Executors (psycopg2), query pipelines: the query's output rows as CSV.
+COPY ledger_staging.{staging} ({columns}, _batch_id) FROM STDIN WITH (FORMAT csv);

@@ -12,6 +12,9 @@ CREATE TABLE ledger_staging.{staging} (
     _batch_id  bigint  NOT NULL CONSTRAINT staged_batch_only CHECK (_batch_id = :batch_id),
     UNIQUE (_topic, _partition, _offset, _batch_id)
 );
+
+-- name: create_staging_bad
+-- Bad records of the attempt, with the reason and the raw bytes.
 CREATE TABLE ledger_staging.{bad} (
     _topic     text    NOT NULL,
     _partition integer NOT NULL,
@@ -20,6 +23,14 @@ CREATE TABLE ledger_staging.{bad} (
     _key       bytea,
     _value     bytea,
     PRIMARY KEY (_topic, _partition, _offset)
+);
+
+-- name: create_staging_groups
+-- An aggregate batch's result: one row per group (its key columns are NOT NULL, as in the target).
+CREATE TABLE ledger_staging.{staging} (
+    {defs},
+    _batch_id  bigint  NOT NULL CONSTRAINT staged_batch_only CHECK (_batch_id = :batch_id),
+    PRIMARY KEY ({key})
 );
 
 -- name: staging_complete
@@ -78,3 +89,10 @@ ALTER TABLE {schema}.{table} ADD COLUMN {column} {type};
 
 -- name: widen_column
 ALTER TABLE {schema}.{table} ALTER COLUMN {column} TYPE {type};
+
+-- name: staged_rows
+SELECT count(*) FROM ledger_staging.{staging};
+
+-- name: staged_bad
+-- Bad records per range.
+SELECT _topic AS topic, _partition AS partition, count(*) AS bad FROM ledger_staging.{bad} GROUP BY 1, 2;

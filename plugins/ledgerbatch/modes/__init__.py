@@ -8,11 +8,12 @@ them left in the target.
 from __future__ import annotations
 
 from ..spec import PipelineSpec
+from .aggregate import Aggregate
 from .append import Append
 from .base import TargetMode
 from .upsert import Upsert
 
-MODES: dict[str, TargetMode] = {"append": Append(), "upsert": Upsert()}
+MODES: dict[str, TargetMode] = {"append": Append(), "upsert": Upsert(), "aggregate": Aggregate()}
 
 
 def mode_for(spec: PipelineSpec) -> TargetMode:

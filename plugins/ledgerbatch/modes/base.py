@@ -5,9 +5,13 @@ from abc import ABC, abstractmethod
 
 from sqlalchemy.engine import Connection
 
-from .. import tables
+from sqlalchemy import text
+
+from .. import ledger, tables
 from ..ledger import Batch
+from ..ranges import range_arrays
 from ..spec import PipelineSpec
+from ..sqlfiles import query
 
 
 class TargetMode(ABC):
@@ -26,6 +30,15 @@ class TargetMode(ABC):
     @abstractmethod
     def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
         """Move the batch's staged good rows (ledger_staging.<batch.staging_table>) into the target."""
+
+    def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
+        """A staged replay against the target, as (added, removed, changed, unchanged) rows."""
+        return conn.execute(text(query("replay_diff", staging=batch.staging_table, columns=tables.column_names(spec),
+                                       **target_names(spec))), range_arrays(batch.ranges)).one()
+
+    def violations(self, conn: Connection, spec: PipelineSpec) -> list[str]:
+        """`verify`: target rows the ledger cannot account for."""
+        return ledger.target_violations(conn, spec.name, spec.target_schema, spec.target_table, self.rows_match_records)
 
 
 def target_names(spec: PipelineSpec) -> dict[str, str]:
