@@ -93,8 +93,8 @@ def test_a_dag_that_fails_to_build_is_not_autoregistered(pipelines, monkeypatch)
 
     real = factory.pipeline_dag
 
-    def flaky(spec, directory):
-        dag = real(spec, directory)
+    def flaky(spec, directory, hook=None):
+        dag = real(spec, directory, hook)
         if spec.name == "good":
             raise RuntimeError("boom while building")
         return dag

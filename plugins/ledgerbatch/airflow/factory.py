@@ -8,11 +8,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, AssetAlias, Param
 
 from ..config import REPO_ROOT
 from ..errors import SpecError
 from ..spec import PipelineSpec, parse_spec_file
+from .hooks import LedgerHook
 from .operators import (CommitBatchOperator, PlanBatchOperator, PlanReplayOperator, ProcessBatchOperator,
                         VerifyOperator)
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SCHEDULE = "*/15 * * * *"  # a spec's `schedule:` overrides it
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 BATCH_ID = "{{ ti.xcom_pull(task_ids='plan') }}"
+REPLAYS = AssetAlias("ledgerbatch_replays")  # the backfill DAG's commits: an event on the replayed target's Asset
 DEFAULT_ARGS = {
     "owner": "ledgerbatch",
     "retries": 3,
@@ -36,7 +38,8 @@ TASK_DOCS = {
                "bad records, COPY into this attempt's staging table; the batch becomes `staged`. A retry starts "
                "a new attempt over the same ranges and fences the old one.",
     "commit": "One PostgreSQL transaction: compare-and-set the cursors, reconcile counts, move staged rows into "
-              "the target. Already committed: no-op.",
+              "the target. Already committed: no-op. A batch committed here makes an event on the target's Asset "
+              "(`postgres://host:port/database/schema/table`) with the batch id, kind, ranges and counts as extra.",
     "verify": "`ledgerbatch verify`: committed ranges tile the log, counts reconcile, no duplicate coordinates, "
               "no orphan staging tables.",
 }
@@ -76,8 +79,21 @@ def _leave_out(left_out: list[LeftOut] | None, item: LeftOut) -> None:
         left_out.append(item)
 
 
-def pipeline_dag(spec: PipelineSpec, directory: Path) -> DAG:
+def target_asset(spec: PipelineSpec, hook: LedgerHook | None = None) -> Asset | None:
+    """The Asset of the pipeline's target table (LedgerHook.get_asset_uri), or None (logged) when the ledger
+    connection cannot be read while parsing: the DAG then loads without its outlet."""
+    hook = hook or LedgerHook()
+    try:
+        return Asset(hook.get_asset_uri(spec.target_schema, spec.target_table))
+    except Exception as exc:  # noqa: BLE001  (the DAG still works without its Asset)
+        log.warning("ledgerbatch: pipeline %s: no outlet Asset for its target: connection %s cannot be read "
+                    "while parsing: %s", spec.name, hook.ledger_conn_id, exc)
+        return None
+
+
+def pipeline_dag(spec: PipelineSpec, directory: Path, hook: LedgerHook | None = None) -> DAG:
     common = dict(pipeline=spec.name, pipelines_dir=str(directory))
+    asset = target_asset(spec, hook)
     with DAG(
         dag_id=f"ledgerbatch_{spec.name}",
         schedule=spec.schedule or DEFAULT_SCHEDULE,
@@ -93,7 +109,8 @@ def pipeline_dag(spec: PipelineSpec, directory: Path) -> DAG:
     ) as dag:
         plan = PlanBatchOperator(task_id="plan", doc_md=TASK_DOCS["plan"], **common)
         process = ProcessBatchOperator(task_id="process", batch_id=BATCH_ID, doc_md=TASK_DOCS["process"], **common)
-        commit = CommitBatchOperator(task_id="commit", batch_id=BATCH_ID, doc_md=TASK_DOCS["commit"], **common)
+        commit = CommitBatchOperator(task_id="commit", batch_id=BATCH_ID, doc_md=TASK_DOCS["commit"],
+                                     outlets=[asset] if asset else [], **common)
         verify = VerifyOperator(task_id="verify", doc_md=TASK_DOCS["verify"], retries=0, **common)
         plan >> process >> commit >> verify
     dag.validate()  # what the DagBag checks (a cron string, ...): fail here, for this pipeline alone
@@ -145,8 +162,10 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
         process = ProcessBatchOperator(task_id="process", batch_id=BATCH_ID, doc_md=TASK_DOCS["process"], **common)
         commit = CommitBatchOperator(task_id="commit", batch_id=BATCH_ID, dry_run="{{ params.dry_run }}",
                                      doc_md="Replace the target rows of the replayed coordinates in one "
-                                            "transaction, or with dry_run report the diff and abandon the batch.",
-                                     **common)
+                                            "transaction, or with dry_run report the diff and abandon the batch. "
+                                            "A replay or backfill committed here makes an event on the target's "
+                                            "Asset (through the alias `ledgerbatch_replays`).",
+                                     outlets=[REPLAYS], **common)
         verify = VerifyOperator(task_id="verify", doc_md=TASK_DOCS["verify"], retries=0, **common)
         plan >> process >> commit >> verify
     return dag
@@ -161,10 +180,10 @@ def build_dags(directory: Path | None = None, left_out: list[LeftOut] | None = N
     """
     directory = directory or pipelines_dir()
     left_out = [] if left_out is None else left_out
-    dags, built = {}, []
+    dags, built, hook = {}, [], LedgerHook()
     for spec in load_specs(directory, left_out):
         try:
-            dags[f"ledgerbatch_{spec.name}"] = pipeline_dag(spec, directory)
+            dags[f"ledgerbatch_{spec.name}"] = pipeline_dag(spec, directory, hook)
             built.append(spec)
         except Exception as exc:  # noqa: BLE001  (this pipeline alone)
             _leave_out(left_out, LeftOut(directory / f"{spec.name}.yaml", f"{type(exc).__name__}: {exc}"))

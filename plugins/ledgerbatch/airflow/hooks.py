@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from airflow.sdk import BaseHook
 from sqlalchemy.engine import URL
@@ -38,6 +39,7 @@ class LedgerHook(BaseHook):
         self.ledger_conn_id = ledger_conn_id
         self._url: str | None = None
         self._engine: Engine | None = None
+        self._connection = None  # get_asset_uri's, read once per hook
 
     def get_url(self) -> str:
         """The connection as a SQLAlchemy URL (psycopg2), password included; read once per hook."""
@@ -61,6 +63,23 @@ class LedgerHook(BaseHook):
     def get_conn(self) -> Engine:
         """The hook's client: `get_engine()`."""
         return self.get_engine()
+
+    def get_asset_uri(self, schema: str, table: str) -> str:
+        """The Asset URI of a table in this database: `postgres://host:port/database/schema/table`.
+
+        The form the postgres provider's `sanitize_uri` normalizes to (scheme `postgres`, the port always
+        given, 5432 by default; database, schema and table as the three path parts), so that a DAG of any
+        provider naming the same table means the same Asset. No login or password: URIs are shown in the UI.
+        Each part is percent-quoted; no host (a Unix socket) becomes `localhost`.
+        """
+        if self._connection is None:
+            self._connection = self.get_connection(self.ledger_conn_id)
+        conn = self._connection
+        host = conn.host or "localhost"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # IPv6
+        parts = (conn.schema or conn.login or "postgres", schema, table)  # libpq: no dbname is the user's
+        return f"postgres://{host}:{conn.port or 5432}/" + "/".join(quote(p, safe="") for p in parts)
 
 
 class KafkaConfigHook(BaseHook):

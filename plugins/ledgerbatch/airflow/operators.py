@@ -190,6 +190,12 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
     """The one commit transaction; a retry after a commit that succeeded is a no-op.
     With `dry_run`, report the staged rows' diff against the target and abandon the batch instead.
 
+    Asset events: only a batch committed by this task (not an already committed one, not a dry run) makes
+    one, on every outlet: an `Asset` outlet (the pipeline DAGs declare their target's) gets the batch as
+    the event's extra (`asset_extra`); an `AssetAlias` outlet (the backfill DAG's, whose pipeline is only
+    known at run time) gets an event for the pipeline's target Asset with that extra. Otherwise the outlets
+    are dropped for this try, so Airflow records no event.
+
     :param batch_id: The batch to commit, usually the plan task's XCom (templated).
     :param dry_run: Report the diff and abandon the batch instead of committing: a bool, or a string
         "true"/"1" (templated).
@@ -210,6 +216,7 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         if str(self.dry_run).lower() in ("true", "1"):
             diff = dry_run_diff(engine, spec, int(self.batch_id))
             self.log.info("dry run of batch %s, target unchanged: %s", self.batch_id, diff)
+            self.outlets = []  # nothing was published: no asset event
             return {"dry_run": True, **diff.__dict__}
         started = time.monotonic()
         result = commit_batch(engine, spec, int(self.batch_id))
@@ -218,8 +225,45 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         self.log.info("batch %s %s: %d rows written, %d quarantined", self.batch_id,
                       "was already committed" if result.already_committed else "committed",
                       result.rows_written, result.rows_quarantined)
+        if result.already_committed:
+            self.outlets = []  # its event was recorded by the try that committed it
+        else:
+            self._publish(context, spec)
         return {"dry_run": False, "already_committed": result.already_committed,
                 "rows_written": result.rows_written, "rows_quarantined": result.rows_quarantined}
+
+    def _publish(self, context, spec: PipelineSpec) -> None:
+        """The committed batch as the extra of this task's asset events."""
+        from airflow.sdk import Asset, AssetAlias
+
+        from .. import ledger
+
+        with self.ledger_hook.get_engine().connect() as conn:
+            extra = asset_extra(spec, ledger.get_batch(conn, int(self.batch_id)))
+        for outlet in self.outlets:
+            if isinstance(outlet, Asset):
+                context["outlet_events"][outlet].extra = extra
+            elif isinstance(outlet, AssetAlias):
+                target = Asset(self.ledger_hook.get_asset_uri(spec.target_schema, spec.target_table))
+                context["outlet_events"][outlet].add(target, extra=extra)
+        self.log.info("asset event extra: %s", json.dumps(extra))
+
+
+def asset_extra(spec: PipelineSpec, batch) -> dict:
+    """What a downstream DAG learns from a commit's asset event: the batch, its ranges and its counts."""
+    return {
+        "pipeline": spec.name,
+        "target": f"{spec.target_schema}.{spec.target_table}",
+        "batch_id": batch.batch_id,
+        "kind": str(batch.kind),
+        "attempt": batch.attempt,
+        "ranges": [{"topic": r.topic, "partition": r.partition, "from_offset": r.from_offset,
+                    "until_offset": r.until_offset} for r in batch.ranges],
+        "records_read": batch.records_read,
+        "records_filtered": batch.records_filtered,
+        "rows_written": batch.rows_written,
+        "rows_quarantined": batch.rows_quarantined,
+    }
 
 
 class VerifyOperator(LedgerbatchBaseOperator):
