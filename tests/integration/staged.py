@@ -4,6 +4,7 @@ the database holds afterwards. Shared by the commit tests and the target-mode co
 from __future__ import annotations
 
 import itertools
+from decimal import Decimal
 import os
 import subprocess
 import sys
@@ -17,10 +18,14 @@ from ledgerbatch import ledger, tables
 from ledgerbatch.ranges import OffsetRange
 from ledgerbatch.spec import load_spec
 from ledgerbatch.states import BatchKind
+from ledgerbatch.transform import spec_for_batch
 
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = "order_id STRING, customer STRING, amount DECIMAL(12,2), ts TIMESTAMP"
+# mode aggregate: one group per order id; what its query's analysis gives (transform.output_columns)
+GROUPS = "SELECT order_id, count(*) AS n, sum(amount) AS amount FROM batch GROUP BY order_id"
+GROUPS_OUTPUT = "order_id STRING, n BIGINT, amount DECIMAL(22,2)"
 _names = itertools.count()
 
 
@@ -33,10 +38,13 @@ class Pipe:
         self.table = f"target_{self.name}"
         self.dir = directory
         target = {"table": f"public.{self.table}", "mode": mode}
-        if mode == "upsert":
+        if mode in ("upsert", "aggregate"):
             target["key"] = ["order_id"]
         doc = {"name": self.name, "source": {"topics": [self.topic], "format": "json", "schema": SCHEMA},
                "target": target, "errors": {"policy": policy, "max_ratio": max_ratio}}
+        if mode == "aggregate":
+            target["measures"] = {"n": "sum", "amount": "sum"}
+            doc["transform"] = GROUPS
         directory.mkdir(parents=True, exist_ok=True)
         (directory / f"{self.name}.yaml").write_text(yaml.safe_dump(doc))
         self.spec = load_spec(directory, self.name)
@@ -59,12 +67,17 @@ def plan(engine, p: Pipe, ranges: dict[int, tuple[int, int]], kind: BatchKind = 
         return ledger.insert_batch(conn, p.name, kind, offset_ranges)
 
 
+def target_spec(p: Pipe):
+    """The spec as the commit sees it (an aggregate's columns are its query's output)."""
+    return spec_for_batch(p.spec, GROUPS_OUTPUT if p.spec.query else None)
+
+
 def begin(engine, p: Pipe, batch_id: int) -> Staged:
     """A new attempt with its (empty) staging tables, as process_batch starts one."""
     with engine.begin() as conn:
-        attempt = ledger.begin_attempt(conn, batch_id)
+        attempt = ledger.begin_attempt(conn, batch_id, GROUPS_OUTPUT if p.spec.query else None)
         staging = tables.staging_name(batch_id, attempt)
-        tables.create_staging(conn, p.spec, staging, batch_id)
+        tables.create_staging(conn, target_spec(p), staging, batch_id)
     return Staged(batch_id, attempt, staging)
 
 
@@ -74,7 +87,16 @@ def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
     plain INSERTs, then mark_staged with `counts` {partition: (rows incl. bad, bad)} (by default the
     true counts of what was inserted)."""
     with engine.begin() as conn:
-        if good:
+        if good and p.spec.mode == "aggregate":
+            groups: dict[str, list] = {}
+            for _, _, oid, amount in good:
+                g = groups.setdefault(oid, [0, Decimal(0)])
+                g[0], g[1] = g[0] + 1, g[1] + Decimal(amount)
+            conn.execute(text(f'INSERT INTO ledger_staging."{s.staging}" (order_id, n, amount, _batch_id) '
+                              "VALUES (:order_id, :n, :amount, :batch_id)"),
+                         [{"order_id": oid, "n": n, "amount": total, "batch_id": s.batch_id}
+                          for oid, (n, total) in groups.items()])
+        elif good:
             conn.execute(text(
                 f'INSERT INTO ledger_staging."{s.staging}" (order_id, customer, amount, ts, _topic, _partition, _offset, _batch_id) '
                 "VALUES (:order_id, 'c', :amount, '2026-11-21T10:00:00Z', :topic, :partition, :offset, :batch_id)"),
@@ -95,8 +117,9 @@ def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
                 rows, nbad = counts.get(part, (0, 0))
                 counts[part] = (rows + 1, nbad + 1)
         batch = ledger.get_batch(conn, s.batch_id)
+        groups_written = len({oid for _, _, oid, _ in good}) if p.spec.mode == "aggregate" else None
         ledger.mark_staged(conn, s.batch_id, s.attempt, s.staging, batch.ranges,
-                           {(p.topic, part): c for part, c in counts.items()})
+                           {(p.topic, part): c for part, c in counts.items()}, groups=groups_written)
 
 
 def staged_batch(engine, p: Pipe, ranges: dict[int, tuple[int, int]], good: list[tuple], bad: list[tuple] = (),
@@ -109,10 +132,14 @@ def staged_batch(engine, p: Pipe, ranges: dict[int, tuple[int, int]], good: list
 # -- what the database holds
 
 def target(engine, p: Pipe) -> list[tuple] | None:
-    """(partition, offset, order_id, amount, batch_id) of every target row; None when there is no target."""
+    """(partition, offset, order_id, amount, batch_id) of every target row; None when there is no target.
+    An aggregate target's groups are (order_id, n, amount, batch_id), by order id."""
     with engine.connect() as conn:
         if not tables.table_exists(conn, "public", p.table):
             return None
+        if p.spec.mode == "aggregate":
+            return [(r.order_id, r.n, str(r.amount), r._batch_id) for r in conn.execute(text(
+                f'SELECT * FROM public."{p.table}" ORDER BY order_id'))]
         return [(r._partition, r._offset, r.order_id, str(r.amount), r._batch_id) for r in conn.execute(text(
             f'SELECT * FROM public."{p.table}" ORDER BY _partition, _offset'))]
 

@@ -2,7 +2,10 @@
 equal totals computed independently from the produced records, after kills, replays and backfills."""
 from __future__ import annotations
 
+import os
 import random
+import signal
+import time
 from collections import defaultdict
 from decimal import Decimal
 
@@ -19,6 +22,7 @@ from ledgerbatch.runner import run_pipeline
 from ledgerbatch.verify import verify
 
 from .helpers import cli, produce
+from .test_faults import EXPECTED_AFTER_CRASH, _popen_run, first_batch
 
 pytestmark = pytest.mark.integration
 
@@ -234,3 +238,39 @@ def test_replay_cli(engine, db_url, broker, make_pipeline):
     ahead = cli(["replay", p.name, "--partitions", "0", "--from-offset", "0", "--until-offset", str(offset + 1)],
                 db_url, broker.bootstrap_servers, p.dir)
     assert ahead.returncode == 1 and "neither fully delivered" in ahead.stderr, ahead.stderr[-2000:]
+
+
+@pytest.mark.parametrize("point", list(EXPECTED_AFTER_CRASH))
+def test_sigkill_at_each_crash_point_leaves_totals_exact(point, engine, db_url, broker, make_pipeline):
+    p = make_pipeline(partitions=3, batch__max_records=120, **AGGREGATE)
+    records = produce_orders(broker, p, 300, seed=10)
+    crashed = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir, LEDGERBATCH_CRASH_AT=point)
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    b = first_batch(engine, p)
+    assert (b.status, b.attempt) == EXPECTED_AFTER_CRASH[point]
+    resumed = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert totals(engine, p) == expected_totals(records)
+    assert verify(engine, p.spec) == []
+
+
+def test_random_sigkills_while_producing_leave_totals_exact(engine, db_url, broker, make_pipeline):
+    """Records keep arriving while `ledgerbatch run` is SIGKILLed (its whole process group: driver,
+    JVM, Python workers) at random moments; after a last clean run the totals are exact."""
+    p = make_pipeline(partitions=3, batch__max_records=90, **AGGREGATE)
+    rnd = random.Random(11)
+    records, kills = [], 0
+    for round_ in range(4):
+        records += produce_orders(broker, p, 150, seed=20 + round_, start=150 * round_)
+        run = _popen_run(p, db_url, broker)
+        time.sleep(rnd.uniform(3, 12))
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            kills += 1
+        run.communicate(timeout=60)
+    final = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert kills >= 2
+    assert totals(engine, p) == expected_totals(records)
+    assert sum(b.records_read for b in batches(engine, p) if b.status == "committed") == len(records)
+    assert verify(engine, p.spec) == []

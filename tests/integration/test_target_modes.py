@@ -12,7 +12,7 @@ from ledgerbatch.states import BatchKind, BatchStatus
 from ledgerbatch.verify import verify
 
 from .staged import (Pipe, Staged, batch, commit_in_child, cursors, qrow, quarantine, row, staged_batch,
-                     staging_tables, target)
+                     staging_tables, target, target_spec)
 
 pytestmark = pytest.mark.integration
 
@@ -20,17 +20,23 @@ pytestmark = pytest.mark.integration
 class TargetModeContract:
     __test__ = False
     MODE: str
+    COLUMNS = ["order_id", "customer", "amount", "ts", "_topic", "_partition", "_offset", "_batch_id"]
+
+    @staticmethod
+    def expect(rows: list[tuple]) -> list[tuple]:
+        """The target rows (staged.target) the mode makes of these records (staged.row), in target order."""
+        return rows
 
     def test_ensure_target_creates_the_spec_shape_once(self, engine, make_pipe):
         p = make_pipe(mode=self.MODE)
         mode = mode_for(p.spec)
         with engine.begin() as conn:
-            mode.ensure_target(conn, p.spec)
-            mode.ensure_target(conn, p.spec)  # a second run finds it in shape
+            mode.ensure_target(conn, target_spec(p))
+            mode.ensure_target(conn, target_spec(p))  # a second run finds it in shape
             columns = [r.column_name for r in conn.execute(text(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' "
                 "AND table_name = :t ORDER BY ordinal_position"), {"t": p.table})]
-        assert columns == ["order_id", "customer", "amount", "ts", "_topic", "_partition", "_offset", "_batch_id"]
+        assert columns == self.COLUMNS
 
     def test_live_batches_publish_every_record_once(self, engine, make_pipe):
         p = make_pipe(mode=self.MODE)
@@ -39,8 +45,8 @@ class TargetModeContract:
         commit_batch(engine, p.spec, first.batch_id)
         second = staged_batch(engine, p, {0: (3, 5)}, good=[(0, 3, "o-3", "3.00"), (0, 4, "o-4", "4.00")])
         commit_batch(engine, p.spec, second.batch_id)
-        assert target(engine, p) == [row(0, 0, "o-0", "1.00", first.batch_id), row(0, 1, "o-1", "2.00", first.batch_id),
-                                     row(0, 3, "o-3", "3.00", second.batch_id), row(0, 4, "o-4", "4.00", second.batch_id)]
+        assert target(engine, p) == self.expect([row(0, 0, "o-0", "1.00", first.batch_id), row(0, 1, "o-1", "2.00", first.batch_id),
+                                     row(0, 3, "o-3", "3.00", second.batch_id), row(0, 4, "o-4", "4.00", second.batch_id)])
         assert quarantine(engine, p) == [qrow(0, 2, first.batch_id, "bad")]
         assert cursors(engine, p) == {0: 5}
         assert verify(engine, p.spec) == []
@@ -54,8 +60,8 @@ class TargetModeContract:
                                                             (0, 2, "o-2", "7.00")], kind=BatchKind.REPLAY)
         result = commit_batch(engine, p.spec, replay.batch_id)
         assert (result.already_committed, result.rows_written, result.rows_quarantined) == (False, 3, 0)
-        assert target(engine, p) == [row(0, 0, "o-0", "9.00", replay.batch_id), row(0, 1, "o-1", "2.00", replay.batch_id),
-                                     row(0, 2, "o-2", "7.00", replay.batch_id)]
+        assert target(engine, p) == self.expect([row(0, 0, "o-0", "9.00", replay.batch_id), row(0, 1, "o-1", "2.00", replay.batch_id),
+                                     row(0, 2, "o-2", "7.00", replay.batch_id)])
         assert quarantine(engine, p) == []
         assert cursors(engine, p) == {0: 3}  # a replay never moves the live cursors
         assert verify(engine, p.spec) == []
@@ -83,10 +89,9 @@ class TargetModeContract:
         assert quarantine(engine, p) == []
         assert staging_tables(engine, s.batch_id) == [s.staging, f"{s.staging}_bad"]
 
-    @staticmethod
-    def _assert_committed_once(engine, p: Pipe, s: Staged) -> None:
-        assert target(engine, p) == [row(0, 0, "o-0", "1.00", s.batch_id), row(0, 2, "o-2", "1.00", s.batch_id),
-                                     row(1, 0, "o-10", "1.00", s.batch_id), row(1, 1, "o-11", "1.00", s.batch_id)]
+    def _assert_committed_once(self, engine, p: Pipe, s: Staged) -> None:
+        assert target(engine, p) == self.expect([row(0, 0, "o-0", "1.00", s.batch_id), row(0, 2, "o-2", "1.00", s.batch_id),
+                                     row(1, 0, "o-10", "1.00", s.batch_id), row(1, 1, "o-11", "1.00", s.batch_id)])
         assert quarantine(engine, p) == [qrow(0, 1, s.batch_id, "bad")]
         assert cursors(engine, p) == {0: 3, 1: 2}
         assert batch(engine, s.batch_id).status == BatchStatus.COMMITTED
@@ -144,3 +149,14 @@ class TestAppend(TargetModeContract):
 class TestUpsert(TargetModeContract):
     __test__ = True
     MODE = "upsert"
+
+
+class TestAggregate(TargetModeContract):
+    """Groups by order id (staged.GROUPS): each record of the contract is its order's only one."""
+    __test__ = True
+    MODE = "aggregate"
+    COLUMNS = ["order_id", "n", "amount", "_batch_id"]
+
+    @staticmethod
+    def expect(rows: list[tuple]) -> list[tuple]:
+        return sorted((oid, 1, amount, batch_id) for _, _, oid, amount, batch_id in rows)
