@@ -87,12 +87,14 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             tables.lock_staging(conn, batch.staging_table)
             if spec.mode != "aggregate" and tables.staged_overlap(conn, batch.staging_table):
                 raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds offsets both as rows and as bad records")
-            recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
+            recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined, batch.rows_deleted,
+                              batch.records_skipped)
             if spec.query is None:
                 staged = tables.staged_counts(conn, batch.staging_table)
                 bad = sum(row.bad for row in staged)
                 total = sum(row.rows for row in staged)
-                reconcile(recorded, Counts(total, total - bad, bad))
+                deleted, skipped = tables.staged_changes(conn, batch.staging_table) if spec.changes else (0, 0)
+                reconcile(recorded, Counts(total, total - bad - deleted - skipped, bad, deleted, skipped))
                 reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
             else:
                 # A query's output has no record per row: what was read per range was recorded

@@ -31,6 +31,9 @@ class Batch:
     records_filtered: int = 0  # good records a query transform dropped
     groups_written: int | None = None  # aggregate targets: the groups the batch's result holds
     output_schema: str | None = None  # query transforms: the output columns staged (Spark DDL)
+    rows_deleted: int = 0  # change pipelines: records that deleted a key
+    records_skipped: int = 0  # change pipelines: records skipped by design (tombstones)
+    range_changes: dict[TopicPartition, tuple[int | None, int | None]] | None = None  # (deleted, skipped) per range
 
     @property
     def span(self) -> int:
@@ -87,6 +90,8 @@ def get_batch(conn: Connection, batch_id: int, for_update: bool = False) -> Batc
         ranges=tuple(OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset) for r in ranges),
         range_counts={(r.topic, r.partition): r.records_read for r in ranges},
         records_filtered=row.records_filtered, groups_written=row.groups_written, output_schema=row.output_schema,
+        rows_deleted=row.rows_deleted, records_skipped=row.records_skipped,
+        range_changes={(r.topic, r.partition): (r.rows_deleted, r.records_skipped) for r in ranges},
     )
 
 
@@ -111,7 +116,8 @@ def begin_attempt(conn: Connection, batch_id: int, output_schema: str | None = N
 
 
 def staged_mark_statements() -> StagedMarkStatements:
-    return StagedMarkStatements(query("mark_staged"), query("set_range_count"), query("staged_reads"))
+    return StagedMarkStatements(query("mark_staged"), query("set_range_count"), query("staged_reads"),
+                                query("mark_staged_changes"), query("set_range_changes"))
 
 
 def staged_read_statement() -> str:
@@ -122,12 +128,17 @@ def staged_read_statement() -> str:
 def mark_staged(conn: Connection, batch_id: int, attempt: int, staging: str, ranges: tuple[OffsetRange, ...],
                 counts: dict[TopicPartition, tuple[int, int]], statements: StagedMarkStatements | None = None,
                 filtered: int = 0, groups: int | None = None) -> None:
-    """Record the staged counts (records, bad) per range, fenced by attempt: a superseded attempt's
-    result is refused. A query transform also dropped `filtered` good records (an aggregate's
-    result holds `groups` rows). `statements` come with a staging job whose writer may run without sql/."""
+    """Record the staged counts (records, bad) per range, or (records, bad, deleted, skipped) in change
+    pipelines, fenced by attempt: a superseded attempt's result is refused. A query transform also
+    dropped `filtered` good records (an aggregate's result holds `groups` rows). `statements` come
+    with a staging job whose writer may run without sql/."""
     sql = statements or staged_mark_statements()
-    records = sum(r for r, _ in counts.values())
-    bad = sum(b for _, b in counts.values())
+    changes = any(len(c) > 2 for c in counts.values())  # a change pipeline's counts
+    counts = {tp: tuple(c) + (0, 0) * (len(c) == 2) for tp, c in counts.items()}
+    records = sum(c[0] for c in counts.values())
+    bad = sum(c[1] for c in counts.values())
+    deleted = sum(c[2] for c in counts.values())
+    skipped = sum(c[3] for c in counts.values())
     marked = conn.execute(text(sql.mark), {
         "batch_id": batch_id, "attempt": attempt, "staging_table": staging, "records_read": records,
         "rows_written": records - bad - filtered, "rows_quarantined": bad, "records_filtered": filtered,
@@ -135,11 +146,16 @@ def mark_staged(conn: Connection, batch_id: int, attempt: int, staging: str, ran
     }).rowcount
     if marked != 1:
         raise FencedError(f"batch {batch_id} attempt {attempt} {FENCED}: staged result discarded")
-    counts = dict(counts)
+    if changes:
+        conn.execute(text(sql.mark_changes), {"batch_id": batch_id, "attempt": attempt, "rows_deleted": deleted,
+                                              "records_skipped": skipped})
     for r in ranges:
-        rows, _ = counts.pop(r.topic_partition, (0, 0))
-        conn.execute(text(sql.set_count), {"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
-                                           "records_read": rows})
+        rows, _, range_deleted, range_skipped = counts.pop(r.topic_partition, (0, 0, 0, 0))
+        where = {"batch_id": batch_id, "topic": r.topic, "partition": r.partition}
+        conn.execute(text(sql.set_count), {**where, "records_read": rows})
+        if changes:
+            conn.execute(text(sql.set_range_changes), {**where, "rows_deleted": range_deleted,
+                                                       "records_skipped": range_skipped})
     if counts:
         raise LedgerbatchError(f"rows staged for partitions outside the batch: {sorted(counts)}")
 
@@ -269,6 +285,19 @@ def target_violations(conn: Connection, pipeline: str, schema: str, table: str, 
     if counts_add_up:
         problems += [row.problem for row in _run(conn, "verify_append_counts", params, **target)]
     return problems
+
+
+def deleted_key_violations(conn: Connection, pipeline: str, target: dict, deletes: str, key) -> list[str]:
+    """A change pipeline's target and its deleted keys (ledger_deletes): every deleted key's delete comes
+    from a committed batch inside a committed range, and no key is both a row and deleted."""
+    from .identifiers import quote_ident
+    from .sqlfiles import Fragment
+
+    problems = target_violations(conn, pipeline, "ledger_deletes", deletes, False)
+    match = Fragment(" AND ".join(f"t.{quote_ident(k)} = d.{quote_ident(k)}" for k in key))
+    key_t = Fragment(", ".join(f"t.{quote_ident(k)}" for k in key))
+    return problems + [row.problem for row in _run(conn, "verify_deleted_keys", {"deletes": deletes}, deletes=deletes,
+                                                   match=match, key_t=key_t, **target)]
 
 
 def report(conn: Connection, name: str) -> tuple[str, object]:

@@ -15,12 +15,15 @@ from pyspark.sql.types import (
 
 from .convert import BadValue, converter, show
 from .convert_nested import dumps
-from .decoders import Decoder, make_decoder
+from .decoders import DELETE, SKIP, Decoder, make_change_decoder, make_decoder
 from .schema import COORDINATES, METADATA, Column
 from .source import Records
 
 # Staging-only columns: why a record is bad, and its raw key/value as bytea hex text (bad records only).
 ERROR_COLUMNS = ("_error", "_key", "_value")
+# Staging-only column of pipelines whose records are changes (spec.changes): what the record does to the
+# target, decoders.UPSERT | DELETE | SKIP; a DELETE row carries only the key columns, a SKIP row none.
+CHANGE = "_change"
 
 _SPARK_TYPES: dict[str, Callable[[Column], DataType]] = {
     "STRING": lambda c: StringType(),
@@ -36,19 +39,23 @@ _SPARK_TYPES: dict[str, Callable[[Column], DataType]] = {
 }
 
 
-def staged_struct(columns: tuple[Column, ...], metadata: tuple[str, ...] = ()) -> StructType:
+def staged_struct(columns: tuple[Column, ...], metadata: tuple[str, ...] = (), changes: bool = False) -> StructType:
     """The parsed rows: the schema's columns, the metadata columns, the coordinates, and why a record is
     bad with its raw key and value (`_key` doubles as the metadata column when the spec asks for it)."""
     stored = columns + tuple(METADATA[m] for m in metadata if m != "key")
     fields = [StructField(c.name, StringType() if c.staged_as_text else _SPARK_TYPES[c.type](c), True)
               for c in stored + COORDINATES]
-    fields += [StructField(n, StringType(), True) for n in ERROR_COLUMNS]
+    fields += [StructField(n, StringType(), True) for n in ((CHANGE,) if changes else ()) + ERROR_COLUMNS]
     return StructType(fields)
 
 
 def parse_value(raw: bytes | None, decoder: Decoder, columns: tuple[Column, ...], converters: list[Callable]) -> tuple:
     """The typed values of one record (missing or null fields are NULL). Raises BadValue."""
-    obj = decoder.decode(raw)
+    return typed_values(decoder.decode(raw), columns, converters)
+
+
+def typed_values(obj, columns: tuple[Column, ...], converters: list[Callable]) -> tuple:
+    """The typed values of one decoded record, naming the field that does not convert. Raises BadValue."""
     out = []
     for col, convert in zip(columns, converters):
         v = obj.get(col.name)
@@ -89,24 +96,37 @@ class Parser:
     raw bytes as bytea hex text), with the Kafka metadata the spec asks for."""
 
     def __init__(self, columns: tuple[Column, ...], required: tuple[str, ...] = (), decoder: Decoder | None = None,
-                 metadata: tuple[str, ...] = ()):
+                 metadata: tuple[str, ...] = (), changes: bool = False):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.columns = columns
         self.metadata = metadata
         self.decoder = decoder or make_decoder("json")
-        self.schema = to_arrow_schema(staged_struct(columns, metadata), timezone="UTC")
+        self.changes = changes  # decoder is a decoders.ChangeDecoder; rows get CHANGE
+        self.schema = to_arrow_schema(staged_struct(columns, metadata, changes), timezone="UTC")
         self.converters = [converter(c) for c in columns]
         self.fields = [(c.name, convert) for c, convert in zip(columns, self.converters)]
         self.required_at = [(i, c.name) for i, c in enumerate(columns) if c.name in required]
+        self.empty_row = (None,) * len(columns)
 
     def _row(self, raw: bytes | None) -> list | tuple:
-        """The typed values of one record: one quick pass, and parse_value to say which field is bad."""
-        obj = self.decoder.decode(raw)
+        return self._typed(self.decoder.decode(raw))
+
+    def _typed(self, obj) -> list | tuple:
+        """The typed values of one record: one quick pass, and typed_values to say which field is bad."""
         try:
             return [None if (v := obj.get(name)) is None else convert(v) for name, convert in self.fields]
         except (ValueError, OverflowError, ArithmeticError):  # BadValue included
-            return parse_value(raw, self.decoder, self.columns, self.converters)  # raises, naming the field
+            return typed_values(obj, self.columns, self.converters)  # raises, naming the field
+
+    def _change(self, key: bytes | None, raw: bytes | None) -> tuple[str, list | tuple]:
+        """A change record: what it does, and its typed values (a delete's key columns only)."""
+        change, obj = self.decoder.decode_change(key, raw)
+        if change == SKIP:
+            return change, self.empty_row
+        if change == DELETE:
+            obj = {name: obj.get(name) for _, name in self.required_at}
+        return change, self._typed(obj)
 
     def parse(self, topic: str, partition: int, records: Records):
         import pyarrow as pa
@@ -115,11 +135,16 @@ class Parser:
         keys, values = records.keys, records.values
         rows, bad = [], {}  # bad: position -> reason
         headers = [] if "headers" in self.metadata else None
-        empty_row = (None,) * len(columns)
+        empty_row = self.empty_row
+        changes = [] if self.changes else None
         for at, value in enumerate(values):
             try:
-                row = self._row(value)
-                for i, name in required_at:
+                if changes is None:
+                    row = self._row(value)
+                else:
+                    change, row = self._change(keys[at], value)
+                    changes.append(change)
+                for i, name in (required_at if changes is None or changes[-1] != SKIP else ()):
                     if row[i] is None:
                         raise BadValue(f"field {name}: missing or null, but it is part of the target key")
                 if headers is not None:
@@ -128,6 +153,8 @@ class Parser:
             except BadValue as exc:
                 rows.append(empty_row)
                 bad[at] = str(exc)
+                if changes is not None:
+                    changes[at:] = [None]
                 if headers is not None:
                     headers.append(None)
         n = len(values)
@@ -149,13 +176,22 @@ class Parser:
             extra = [pa.nulls(n, pa.string())] * 3
         lineage = [pa.repeat(pa.scalar(topic, pa.string()), n), pa.repeat(pa.scalar(partition, pa.int32()), n),
                    pa.array(records.offsets, pa.int64())]
+        if changes is not None:
+            lineage.append(pa.array(changes, pa.string()))
         return pa.RecordBatch.from_arrays(typed + lineage + extra, schema=self.schema)
 
 
+def make_parser(columns: tuple[Column, ...], required: tuple[str, ...], fmt: str, options: dict | None,
+                metadata: tuple[str, ...], changes: bool = False) -> "Parser":
+    decoder = make_change_decoder(fmt, options) if changes else make_decoder(fmt, options)
+    return Parser(columns, required, decoder, metadata, changes)
+
+
 def parse_batches(batches: Iterator, columns: tuple[Column, ...], required: tuple[str, ...] = (),
-                  fmt: str = "json", options: dict | None = None, metadata: tuple[str, ...] = ()) -> Iterator:
+                  fmt: str = "json", options: dict | None = None, metadata: tuple[str, ...] = (),
+                  changes: bool = False) -> Iterator:
     """mapInArrow body: raw Kafka record batches (source.RAW_SCHEMA) -> staged rows."""
-    parser = Parser(columns, required, make_decoder(fmt, options), metadata)
+    parser = make_parser(columns, required, fmt, options, metadata, changes)
     for batch in batches:
         if batch.num_rows:
             if len(batch.column("partition").unique()) != 1 or len(batch.column("topic").unique()) != 1:

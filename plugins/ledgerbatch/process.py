@@ -50,9 +50,10 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         columns=spec.columns, required=spec.key, fmt=spec.format, format_options=dict(spec.format_options),
         metadata=spec.metadata,
         table=StagingTable(libpq_dsn(db_url), staging, tables.staging_statements(target, staging),
-                           tuple(tables.column_names(target)), batch_id),
+                           tuple(tables.staged_column_names(target)), batch_id),
         mark=ledger.staged_mark_statements(),
         output=tables.output_order(target) if output is not None else (), aggregate=spec.mode == "aggregate",
+        changes=spec.changes,
     )
     try:
         stage_batch(spark, engine, spec, job, db_url)
@@ -85,8 +86,9 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             f"ledger_staging.{tables.bad_name(staging)}; fix the data or the spec's errors section "
             f"and run again"
         ) from None
-    log.info("batch %d staged: %d records read, %d rows, %d filtered, %d bad%s (%.1fs)", batch_id,
-             counts.records_read, counts.rows_written, batch.records_filtered, counts.rows_quarantined,
+    log.info("batch %d staged: %d records read, %d rows, %d deleted, %d skipped, %d filtered, %d bad%s (%.1fs)",
+             batch_id, counts.records_read, counts.rows_written, batch.rows_deleted, batch.records_skipped,
+             batch.records_filtered, counts.rows_quarantined,
              f", {batch.groups_written} groups" if batch.groups_written is not None else "", time.monotonic() - started)
     return batch
 

@@ -11,6 +11,14 @@ class Counts:
     records_read: int
     rows_written: int
     rows_quarantined: int
+    rows_deleted: int = 0  # change pipelines: records that deleted a key
+    records_skipped: int = 0  # change pipelines: records skipped by design (tombstones)
+
+    def __repr__(self) -> str:
+        changes = (f", rows_deleted={self.rows_deleted}, records_skipped={self.records_skipped}"
+                   if self.rows_deleted or self.records_skipped else "")
+        return (f"Counts(records_read={self.records_read}, rows_written={self.rows_written}, "
+                f"rows_quarantined={self.rows_quarantined}{changes})")
 
 
 def check_error_budget(counts: Counts, policy: str, max_ratio: float) -> None:
@@ -25,10 +33,13 @@ def check_error_budget(counts: Counts, policy: str, max_ratio: float) -> None:
 
 
 def reconcile(ledger: Counts, staged: Counts) -> None:
-    """The staged table must hold exactly what the executors reported, and read = written + quarantined."""
-    if ledger.records_read != ledger.rows_written + ledger.rows_quarantined:
+    """The staged table must hold exactly what the executors reported, and read = written + deleted +
+    skipped + quarantined."""
+    if ledger.records_read != ledger.rows_written + ledger.rows_deleted + ledger.records_skipped + ledger.rows_quarantined:
+        changes = (f" + rows_deleted {ledger.rows_deleted} + records_skipped {ledger.records_skipped}"
+                   if ledger.rows_deleted or ledger.records_skipped else "")
         raise ReconcileError(
-            f"records_read {ledger.records_read} != rows_written {ledger.rows_written} + rows_quarantined {ledger.rows_quarantined}"
+            f"records_read {ledger.records_read} != rows_written {ledger.rows_written}{changes} + rows_quarantined {ledger.rows_quarantined}"
         )
     if staged != ledger:
         raise ReconcileError(f"staging table holds {staged} but the ledger recorded {ledger}")

@@ -9,14 +9,14 @@ import yaml
 
 from .errors import SpecError
 from .identifiers import check_ident, qualified
-from .decoders import DECODERS, REGISTRY_FORMATS
+from .decoders import CHANGE_FORMATS, DECODERS, REGISTRY_FORMATS
 from .decoders.registry import CLIENT_OPTIONS
 from .schema import METADATA, Column, parse_schema
 
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
 _SECTION_KEYS = {
     "source": {"topics", "format", "schema", "start", "kafka", "metadata", "schema_registry"},
-    "target": {"table", "mode", "key", "evolve", "measures"},
+    "target": {"table", "mode", "key", "evolve", "measures", "deletes"},
     "batch": {"max_records"},
     "errors": {"policy", "max_ratio"},
 }
@@ -47,6 +47,12 @@ class PipelineSpec:
     format_options: tuple[tuple[str, str], ...] = ()  # the decoder's settings
     metadata: tuple[str, ...] = ()  # Kafka metadata as columns: key, timestamp, headers (schema.METADATA)
     evolve: str = "none"  # none | additive: columns new to the spec are added to the target at commit
+    deletes: bool = False  # upsert: a tombstone with a key deletes the key's row (always so for format debezium)
+
+    @property
+    def changes(self) -> bool:
+        """Every record is a change that upserts, deletes or does nothing (decoders.ChangeDecoder)."""
+        return self.deletes or self.format in CHANGE_FORMATS
 
     @property
     def stored_columns(self) -> tuple[Column, ...]:
@@ -120,7 +126,7 @@ def parse_spec(doc: object) -> PipelineSpec:
     kafka_options = _mapping(source.get("kafka", {}), "source.kafka", None)
 
     target_schema, target_table = qualified(_required(target, "table", "target"), "target.table")
-    if target_schema in ("ledger", "ledger_staging", "ledger_aggregates"):  # ledgerbatch creates and drops tables there
+    if target_schema in ("ledger", "ledger_staging", "ledger_aggregates", "ledger_deletes"):  # ledgerbatch creates and drops tables there
         raise SpecError(f"target.table: schema {target_schema!r} belongs to ledgerbatch; choose another")
     mode = _choice(target.get("mode", "append"), "target.mode", ("append", "upsert", "aggregate"))
     query, transform = _transform(top.get("transform"))
@@ -138,6 +144,15 @@ def parse_spec(doc: object) -> PipelineSpec:
     if mode == "append" and key:
         raise SpecError("target.key is only used with target.mode upsert or aggregate")
     measures = _measures(target.get("measures"), mode, query, key)
+    deletes = target.get("deletes", False)
+    if not isinstance(deletes, bool):
+        raise SpecError(f"target.deletes must be true or false, got {deletes!r}")
+    if (deletes or fmt in CHANGE_FORMATS) and mode != "upsert":
+        why = f"source.format {fmt}" if fmt in CHANGE_FORMATS else "target.deletes"
+        raise SpecError(f"{why} needs target.mode upsert with target.key (deletes remove the row of a key)")
+    if (deletes or fmt in CHANGE_FORMATS) and query is not None:
+        raise SpecError("transform: a query cannot see deletes; with source.format debezium or target.deletes "
+                        "use per-column expressions (a mapping)")
 
     max_records = batch.get("max_records", 100_000)
     if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
@@ -173,6 +188,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         format_options=tuple(sorted((str(k), str(v)) for k, v in registry.items())),
         metadata=tuple(m for m in METADATA if m in metadata),
         evolve=evolve,
+        deletes=deletes,
     )
 
 

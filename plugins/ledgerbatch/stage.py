@@ -31,7 +31,7 @@ def _stage_direct(spark, engine: Engine, job: StagingJob) -> None:
     tasks = min(len(job.ranges), 2 * spark.sparkContext.defaultParallelism)
     task = functools.partial(stage_tasks.stage_ranges, job=job)
     rows = spark.range(0, len(job.ranges), 1, tasks).mapInArrow(task, stage_tasks.COUNTS).collect()
-    counts = {(r.topic, r.partition): (r.rows, r.bad) for r in rows if r.rows}
+    counts = {(r.topic, r.partition): (r.rows, r.bad, r.deleted, r.skipped) for r in rows if r.rows}
     with engine.begin() as conn:
         ledger.mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, counts)
 
@@ -40,8 +40,8 @@ def _stage_dataframe(spark, spec: PipelineSpec, job: StagingJob, db_url: str) ->
     """The transform is per-column Spark SQL: rows go through a DataFrame from the range reader to the
     staging sink, whose commit records the counts."""
     parse = functools.partial(parse_batches, columns=job.columns, required=job.required, fmt=job.fmt,
-                              options=job.format_options, metadata=job.metadata)
-    parsed = _read(spark, job).mapInArrow(parse, staged_struct(job.columns, job.metadata))
+                              options=job.format_options, metadata=job.metadata, changes=job.changes)
+    parsed = _read(spark, job).mapInArrow(parse, staged_struct(job.columns, job.metadata, job.changes))
     _write(apply_transform(parsed, spec), job, db_url)
 
 

@@ -32,6 +32,8 @@ COUNTS = StructType([
     StructField("partition", IntegerType(), False),
     StructField("rows", LongType(), False),
     StructField("bad", LongType(), False),
+    StructField("deleted", LongType(), False),  # change pipelines: deletes and skipped records among the rows
+    StructField("skipped", LongType(), False),
 ])
 BAD_COLUMNS = COORDINATE_NAMES + ("_error", "_key", "_value")
 
@@ -64,6 +66,7 @@ class StagingJob:
     mark: StagedMarkStatements
     output: tuple[str, ...] = ()  # query pipelines: the output columns, in the COPY's order
     aggregate: bool = False  # the output is groups, not rows of records
+    changes: bool = False  # every record is a change (spec.changes): rows carry parse.CHANGE
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -73,8 +76,9 @@ class StagingJob:
         return pickle.loads(base64.b64decode(text))
 
 
-def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, int] | None:
-    """COPY the parsed Arrow batches of ONE range; returns (topic, partition, rows, bad), None if empty."""
+def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, int, int, int] | None:
+    """COPY the parsed Arrow batches of ONE range; returns (topic, partition, rows, bad, deleted, skipped),
+    None if empty. Rows count every record; deleted and skipped ones only in change pipelines."""
     import psycopg2
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -84,7 +88,7 @@ def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, i
     if first is None:  # an immutable log gives a retry the same records: nothing to replace
         return None
     topic, partition = first.column("_topic")[0].as_py(), first.column("_partition")[0].as_py()
-    rows = bad = 0
+    rows = bad = deleted = skipped = 0
     good_columns = list(table.columns) + list(COORDINATE_NAMES)
     sql = table.statements
     conn = psycopg2.connect(table.dsn)
@@ -106,11 +110,15 @@ def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, i
                     _copy(cur, sql.copy_bad, [bad_rows.column(n) for n in BAD_COLUMNS])
                     batch = batch.filter(pc.invert(is_bad))
                 if batch.num_rows:
+                    if "_change" in batch.schema.names:
+                        changes = batch.column("_change")
+                        deleted += pc.sum(pc.equal(changes, "d")).as_py() or 0
+                        skipped += pc.sum(pc.equal(changes, "s")).as_py() or 0
                     batch_ids = pa.repeat(pa.scalar(table.batch_id, pa.int64()), batch.num_rows)
                     _copy(cur, sql.copy, [batch.column(n) for n in good_columns] + [batch_ids])
     finally:
         conn.close()
-    return topic, partition, rows, bad
+    return topic, partition, rows, bad, deleted, skipped
 
 
 def _copy(cur, sql: str, arrays: list) -> None:
@@ -129,20 +137,18 @@ def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from .decoders import make_decoder
-    from .parse import Parser
+    from .parse import make_parser
     from .source import read_messages
 
     schema = to_arrow_schema(COUNTS)
-    parser = Parser(job.columns, job.required, make_decoder(job.fmt, job.format_options), job.metadata)
+    parser = make_parser(job.columns, job.required, job.fmt, job.format_options, job.metadata, job.changes)
     for id_batch in ids:
         for i in id_batch.column(0).to_pylist():
             rng = job.ranges[i]
             parsed = (parser.parse(rng.topic, rng.partition, records)
                       for records in read_messages(rng, job.kafka, job.stall_timeout_s, bool(job.metadata)))
-            topic, partition, rows, bad = copy_range(parsed, job.table) or (rng.topic, rng.partition, 0, 0)
-            yield pa.RecordBatch.from_pylist([{"topic": topic, "partition": partition, "rows": rows, "bad": bad}],
-                                             schema=schema)
+            counts = copy_range(parsed, job.table) or (rng.topic, rng.partition, 0, 0, 0, 0)
+            yield pa.RecordBatch.from_pylist([dict(zip(COUNTS.names, counts))], schema=schema)
 
 
 def stage_bad_records(batches: Iterator, job: StagingJob) -> Iterator:
@@ -205,7 +211,7 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
 
 @dataclass
 class RangeCounts(WriterCommitMessage):
-    counts: dict = field(default_factory=dict)  # "topic\tpartition" -> [rows, bad rows]
+    counts: dict = field(default_factory=dict)  # "topic\tpartition" -> [rows, bad rows, deleted, skipped]
 
 
 class StagingSink(DataSource):
@@ -230,8 +236,8 @@ class StagingWriter(DataSourceArrowWriter):
         result = copy_range(iterator, self.job.table)
         if result is None:
             return RangeCounts()
-        topic, partition, rows, bad = result
-        return RangeCounts({f"{topic}\t{partition}": [rows, bad]})
+        topic, partition, *counts = result
+        return RangeCounts({f"{topic}\t{partition}": counts})
 
     def commit(self, messages: list) -> None:
         """Runs once on the driver host after every task succeeded."""
@@ -244,11 +250,11 @@ class StagingWriter(DataSourceArrowWriter):
             return self._commit_query(sum(m.counts.get("", [0])[0] for m in messages if m))
         counts = {}
         for message in messages:
-            for key, (rows, bad) in (message.counts if message else {}).items():
+            for key, range_counts in (message.counts if message else {}).items():
                 topic, partition = key.split("\t")
                 if (topic, int(partition)) in counts:  # two tasks replaced each other's rows of one range
                     raise RuntimeError(f"{topic}[{partition}] was staged by two tasks: staged result discarded")
-                counts[(topic, int(partition))] = (rows, bad)
+                counts[(topic, int(partition))] = tuple(range_counts)
         engine = create_engine(self.db_url, poolclass=NullPool)
         try:
             with engine.begin() as conn:

@@ -25,3 +25,6 @@ class StagedMarkStatements:
     mark: str
     set_count: str
     reads: str
+    # change pipelines: deletes and skipped records among the staged rows (ledger.mark_staged)
+    mark_changes: str = ""
+    set_range_changes: str = ""

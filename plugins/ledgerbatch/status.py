@@ -87,8 +87,11 @@ def render(status: dict) -> str:
         phases = "".join(f", {label} {b[key]:.1f}s" for label, key in
                          (("planned->staged", "planned_to_staged_s"), ("staged->committed", "staged_to_committed_s"))
                          if b[key] is not None)
+        more = "".join(f" {label}={_n(b[key])}" for label, key in
+                       (("deleted", "rows_deleted"), ("skipped", "records_skipped"), ("filtered", "records_filtered"))
+                       if b.get(key))  # change pipelines and query transforms only
         lines.append(f"    #{b['batch_id']} {b['kind']} {b['status']} attempt={b['attempt']} read={_n(b['records_read'])} "
-                     f"written={_n(b['rows_written'])} quarantined={_n(b['rows_quarantined'])} "
+                     f"written={_n(b['rows_written'])}{more} quarantined={_n(b['rows_quarantined'])} "
                      f"({_age(b['age_s'])} ago{phases})")
     if not status["recent_batches"]:
         lines.append("    (none)")

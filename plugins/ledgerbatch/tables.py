@@ -43,10 +43,22 @@ def column_names(spec: PipelineSpec) -> list[str]:
     return [c.name for c in spec.stored_columns]
 
 
+def staged_column_names(spec: PipelineSpec) -> list[str]:
+    """The staged good rows' columns before lineage: the target's, and what a change does (parse.CHANGE)."""
+    return column_names(spec) + (["_change"] if spec.changes else [])
+
+
+def staging_defs(spec: PipelineSpec) -> Fragment:
+    defs = column_defs(spec)
+    if spec.changes:  # a delete row holds only the key, a skipped record (a tombstone) nothing but lineage
+        return Fragment(f"{defs},\n    \"_change\" text NOT NULL CHECK (\"_change\" IN ('u', 'd', 's'))")
+    return defs
+
+
 def staging_statements(spec: PipelineSpec, staging: str) -> StagingStatements:
     """What an attempt's staging tasks run, rendered here because executors may not have sql/. `spec`
     is the target's view of it (a query pipeline's: transform.output_spec)."""
-    copy = query("staging_copy", staging=staging, columns=column_names(spec))
+    copy = query("staging_copy", staging=staging, columns=staged_column_names(spec))
     if spec.query is None:
         return StagingStatements(lock=query("staging_task_lock"), copy=copy,
                                  delete=query("staging_delete_partition", staging=staging, bad=bad_name(staging)),
@@ -74,7 +86,7 @@ def create_staging(conn: Connection, spec: PipelineSpec, staging: str, batch_id:
         conn.execute(text(query("create_staging_groups", staging=staging, defs=column_defs(spec), key=list(spec.key))),
                      {"batch_id": batch_id})
     else:
-        conn.execute(text(query("create_staging", staging=staging, defs=column_defs(spec))), {"batch_id": batch_id})
+        conn.execute(text(query("create_staging", staging=staging, defs=staging_defs(spec))), {"batch_id": batch_id})
     conn.execute(text(query("create_staging_bad", bad=bad_name(staging))))
 
 
@@ -111,7 +123,7 @@ def staging_complete(conn: Connection, spec: PipelineSpec, staging: str) -> bool
     """Both staging tables exist, the good rows carry their batch id (an earlier version staged into
     one table without it) and every column the spec has now (it may have changed since staging)."""
     return conn.execute(text(query("staging_complete")), {"staging": staging, "bad": bad_name(staging),
-                                                          "columns": column_names(spec) + ["_batch_id"]}).scalar_one()
+                                                          "columns": staged_column_names(spec) + ["_batch_id"]}).scalar_one()
 
 
 def lock_staging(conn: Connection, staging: str) -> None:
@@ -120,6 +132,12 @@ def lock_staging(conn: Connection, staging: str) -> None:
 
 def staged_counts(conn: Connection, staging: str) -> list:
     return conn.execute(text(query("staged_counts", staging=staging, bad=bad_name(staging)))).all()
+
+
+def staged_changes(conn: Connection, staging: str) -> tuple[int, int]:
+    """A change pipeline's staged (deletes, skipped records)."""
+    row = conn.execute(text(query("staged_changes", staging=staging))).one()
+    return row.deleted, row.skipped
 
 
 def staged_overlap(conn: Connection, staging: str) -> int:

@@ -27,16 +27,16 @@ WHERE pipeline = :pipeline AND kind = 'live' AND status IN ('planned', 'staged',
 
 -- name: get_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
-       rows_quarantined, error, records_filtered, groups_written, output_schema
+       rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped
 FROM ledger.batches WHERE batch_id = :batch_id;
 
 -- name: lock_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
-       rows_quarantined, error, records_filtered, groups_written, output_schema
+       rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped
 FROM ledger.batches WHERE batch_id = :batch_id FOR UPDATE;
 
 -- name: get_ranges
-SELECT topic, partition, from_offset, until_offset, records_read
+SELECT topic, partition, from_offset, until_offset, records_read, rows_deleted, records_skipped
 FROM ledger.batch_ranges WHERE batch_id = :batch_id ORDER BY topic, partition;
 
 -- name: get_cursors
@@ -58,7 +58,7 @@ VALUES (:batch_id, :pipeline, :kind, :topic, :partition, :from_offset, :until_of
 UPDATE ledger.batches
 SET attempt = attempt + 1, status = 'planned', staging_table = NULL, error = NULL,
     records_read = NULL, rows_written = NULL, rows_quarantined = NULL, staged_at = NULL, updated_at = now(),
-    records_filtered = 0, groups_written = NULL, output_schema = :output_schema
+    records_filtered = 0, groups_written = NULL, output_schema = :output_schema, rows_deleted = 0, records_skipped = 0
 WHERE batch_id = :batch_id AND status IN ('planned', 'staged', 'failed')
 RETURNING attempt;
 
@@ -68,6 +68,18 @@ SET status = 'staged', staging_table = :staging_table, records_read = :records_r
     rows_written = :rows_written, rows_quarantined = :rows_quarantined, records_filtered = :records_filtered,
     groups_written = :groups_written, staged_at = now(), updated_at = now()
 WHERE batch_id = :batch_id AND attempt = :attempt AND status = 'planned';
+
+-- name: mark_staged_changes
+-- Change pipelines, right after mark_staged in its transaction: of the rows written, these deleted a
+-- key or were skipped (tombstones).
+UPDATE ledger.batches
+SET rows_written = rows_written - :rows_deleted - :records_skipped, rows_deleted = :rows_deleted,
+    records_skipped = :records_skipped
+WHERE batch_id = :batch_id AND attempt = :attempt AND status = 'staged';
+
+-- name: set_range_changes
+UPDATE ledger.batch_ranges SET rows_deleted = :rows_deleted, records_skipped = :records_skipped
+WHERE batch_id = :batch_id AND topic = :topic AND partition = :partition;
 
 -- name: staged_reads
 -- What a query pipeline's staging tasks read per range (staging_tasks.sql: record_staged_read).

@@ -74,3 +74,10 @@ FULL JOIN (SELECT {key}, {measures_agg}, true AS _present FROM ledger_aggregates
      USING ({key})
 WHERE c._batch_id IS NULL OR r._present IS NULL OR {differs}
 HAVING count(*) > 0;
+
+-- name: verify_deleted_keys
+-- Change pipelines: a key is either a live row of the target or deleted (ledger_deletes), never both.
+SELECT format('%s keys are both rows of the target and deleted in ledger_deletes.%s (e.g. %s)',
+              count(*), :deletes, min(ROW({key_t})::text)) AS problem
+FROM {schema}.{table} t JOIN ledger_deletes.{deletes} d ON {match}
+HAVING count(*) > 0;

@@ -26,3 +26,57 @@ WHERE EXISTS (SELECT 1 FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS 
                    CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
               WHERE r.topic = t._topic AND r.partition = t._partition
                 AND t._offset >= r.from_offset AND t._offset < r.until_offset);
+
+-- Change pipelines (format debezium, or target.deletes): every staged row is a change, `_change`
+-- 'u' (upsert), 'd' (delete the key) or 's' (skipped). ledger_deletes.<pipeline> keeps the last delete of
+-- every deleted key, so the target's rows and it together hold the last change delivered of every key.
+
+-- name: create_deletes
+CREATE TABLE IF NOT EXISTS ledger_deletes.{deletes} (
+    {defs},  -- the target's columns (tables.target_defs): only the key and the lineage are filled
+    PRIMARY KEY ({key})
+);
+
+-- name: last_changes
+-- Each key's last change in the batch (highest offset), where it wins over the key's last change
+-- delivered so far: a live batch always wins; a replay wins where that last change (the key's target
+-- row or its delete) lies inside the replayed ranges, or before this change in the same partition, or
+-- there is none. So a replay never brings back a row that a later change deleted, nor deletes a row a
+-- later change wrote.
+CREATE TEMPORARY TABLE lb_last_changes ON COMMIT DROP AS
+SELECT c.* FROM (
+    SELECT DISTINCT ON ({key}) {columns}, _change, _topic, _partition, _offset, _batch_id
+    FROM ledger_staging.{staging}
+    WHERE _change <> 's'
+    ORDER BY {key}, _offset DESC, _partition DESC) c
+LEFT JOIN {schema}.{table} t ON {match_t}
+LEFT JOIN ledger_deletes.{deletes} d ON {match_d}
+WHERE CAST(:live AS boolean)
+   OR coalesce(t._offset, d._offset) IS NULL
+   OR (coalesce(t._topic, d._topic) = c._topic AND coalesce(t._partition, d._partition) = c._partition
+       AND coalesce(t._offset, d._offset) < c._offset)
+   OR EXISTS (SELECT 1 FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                  CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+              WHERE r.topic = coalesce(t._topic, d._topic) AND r.partition = coalesce(t._partition, d._partition)
+                AND coalesce(t._offset, d._offset) >= r.from_offset AND coalesce(t._offset, d._offset) < r.until_offset);
+
+-- name: apply_deletes
+DELETE FROM {schema}.{table} t USING lb_last_changes c WHERE c._change = 'd' AND {match_t};
+
+-- name: apply_upserts
+INSERT INTO {schema}.{table} ({columns}, _topic, _partition, _offset, _batch_id)
+SELECT {columns}, _topic, _partition, _offset, _batch_id FROM lb_last_changes WHERE _change = 'u'
+ON CONFLICT ({key}) DO UPDATE SET {set_list};
+
+-- name: forget_deletes
+-- A key written again is no longer deleted.
+DELETE FROM ledger_deletes.{deletes} d USING lb_last_changes c WHERE c._change = 'u' AND {match_d};
+
+-- name: record_deletes
+INSERT INTO ledger_deletes.{deletes} ({key}, _topic, _partition, _offset, _batch_id)
+SELECT {key}, _topic, _partition, _offset, _batch_id FROM lb_last_changes WHERE _change = 'd'
+ON CONFLICT ({key}) DO UPDATE
+SET _topic = EXCLUDED._topic, _partition = EXCLUDED._partition, _offset = EXCLUDED._offset, _batch_id = EXCLUDED._batch_id;
+
+-- name: drop_last_changes
+DROP TABLE lb_last_changes;

@@ -51,6 +51,11 @@ FROM (SELECT _topic, _partition, count(*) AS rows, 0 AS bad FROM ledger_staging.
       SELECT _topic, _partition, count(*), count(*) FROM ledger_staging.{bad} GROUP BY 1, 2) s
 GROUP BY 1, 2;
 
+-- name: staged_changes
+-- Change pipelines: the staged records that delete a key, and those skipped by design (parse.CHANGE).
+SELECT count(*) FILTER (WHERE _change = 'd') AS deleted, count(*) FILTER (WHERE _change = 's') AS skipped
+FROM ledger_staging.{staging};
+
 -- name: staged_overlap
 -- A coordinate staged both as a good row and as a bad record (each table is unique on its own).
 SELECT count(*) FROM ledger_staging.{bad} b

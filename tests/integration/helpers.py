@@ -12,8 +12,10 @@ from sqlalchemy import text
 REPO = Path(__file__).resolve().parents[2]
 
 
-def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None]], transactional_id: str | None = None) -> list[tuple[int, int, bytes | None]]:
-    """Produce (partition, value) pairs; returns (partition, offset, value) as acknowledged by the broker."""
+def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None]], transactional_id: str | None = None,
+            keys: list[bytes | None] | None = None) -> list[tuple[int, int, bytes | None]]:
+    """Produce (partition, value) pairs (with `keys`, else the key is the record's index); returns
+    (partition, offset, value) as acknowledged by the broker."""
     conf = {"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3}
     if transactional_id:
         conf["transactional.id"] = transactional_id
@@ -28,7 +30,8 @@ def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None]],
         producer.init_transactions(30)
         producer.begin_transaction()
     for i, (partition, value) in enumerate(records):
-        producer.produce(topic, value=value, key=str(i).encode(), partition=partition, on_delivery=on_delivery)
+        key = str(i).encode() if keys is None else keys[i]
+        producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
         producer.poll(0)
     if transactional_id:
         producer.commit_transaction(30)

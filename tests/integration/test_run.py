@@ -282,7 +282,8 @@ def test_batch_staged_by_an_earlier_version_is_staged_again(engine, db_url, brok
         conn.execute(text(f'CREATE UNLOGGED TABLE ledger_staging."{staging}" '
                           "(order_id text, _topic text, _partition int, _offset bigint, _error text)"))
         conn.execute(text(query("mark_staged")), {"batch_id": batch.batch_id, "attempt": attempt, "staging_table": staging,
-                                                  "records_read": 20, "rows_written": 20, "rows_quarantined": 0})
+                                                  "records_read": 20, "rows_written": 20, "rows_quarantined": 0,
+                                                  "records_filtered": 0, "groups_written": None})
     with pytest.raises(ReconcileError, match="earlier ledgerbatch"):
         commit_batch(engine, p.spec, batch.batch_id)
     assert run(engine, db_url, broker, spark, p).batches == 1
