@@ -17,9 +17,11 @@ from .common import BIN, REPO, TreeSampler, child_env, count_rows, fresh_databas
 _PHASE = re.compile(r"\bphase (\{.*\})\s*$")
 
 
-def write_spec(directory: Path, name: str, topic: str, max_records: int, registry_url: str | None = None) -> str:
+def write_spec(directory: Path, name: str, topic: str, max_records: int, registry_url: str | None = None,
+               extra: dict | None = None) -> str:
     """A copy of pipelines/orders.yaml with its own name, topic, target table and batch size; with
-    `registry_url`, the same columns and target from Avro values (bench/avro.py)."""
+    `registry_url`, the same columns and target from Avro values (bench/avro.py); `extra` adds a
+    transform and target settings (bench/transforms.py)."""
     doc = yaml.safe_load((REPO / "pipelines" / "orders.yaml").read_text())
     doc["name"] = name
     doc["source"]["topics"] = [topic]
@@ -27,6 +29,8 @@ def write_spec(directory: Path, name: str, topic: str, max_records: int, registr
         doc["source"] |= {"format": "avro", "schema_registry": {"url": registry_url}}
     doc["target"]["table"] = f"public.{name}"
     doc["batch"]["max_records"] = max_records
+    for key, value in (extra or {}).items():
+        doc[key] = doc[key] | value if isinstance(value, dict) else value
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return f"public.{name}"
@@ -58,10 +62,10 @@ NAME = "bench_orders"
 
 
 def _prepare(bootstrap: str, topic: str, db_name: str, workdir: Path, max_records: int,
-             registry_url: str | None = None) -> tuple[str, str, dict]:
+             registry_url: str | None = None, extra: dict | None = None) -> tuple[str, str, dict]:
     """A fresh database with the ledger migrated and a spec of batches of `max_records`: (url, table, env)."""
     url = fresh_database(db_name)
-    table = write_spec(workdir / db_name, NAME, topic, max_records, registry_url)
+    table = write_spec(workdir / db_name, NAME, topic, max_records, registry_url, extra)
     env = env_for(url, bootstrap, workdir / db_name)
     migrate(env)
     return url, table, env
@@ -92,10 +96,10 @@ def run(bootstrap: str, topic: str, db_name: str, workdir: Path, max_records: in
 
 
 def run_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: int, timeout: float = 1800,
-             registry_url: str | None = None) -> dict:
+             registry_url: str | None = None, extra: dict | None = None) -> dict:
     """The same one batch on a warm driver: `ledgerbatch run --follow` starts Spark and its Python workers
     before it plans, so the batch's plan + process + commit (its phase lines) carry no start-up."""
-    url, table, env = _prepare(bootstrap, topic, db_name, workdir, records, registry_url)
+    url, table, env = _prepare(bootstrap, topic, db_name, workdir, records, registry_url, extra)
     log = workdir / db_name / "follower.log"
     proc = subprocess.Popen([str(BIN / "ledgerbatch"), "run", NAME, "--follow", "--idle-seconds", "0.2"], env=env,
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True)
@@ -119,5 +123,6 @@ def run_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: i
     return {
         "wall_s": wall, "rows": count_rows(url, table), "memory_mib": sampler.peaks.mib(), "batches": _committed_batches(url),
         "phase_s": by_phase, "commit_share": by_phase["commit"] / wall, "batch_records": records,
-        "ranges": scalar(url, "SELECT count(*) FROM ledger.batch_ranges"),
+        "ranges": scalar(url, "SELECT count(*) FROM ledger.batch_ranges"), "url": url,
+        "filtered": scalar(url, "SELECT coalesce(sum(records_filtered), 0) FROM ledger.batches"),
     }

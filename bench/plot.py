@@ -45,10 +45,15 @@ def plot(r: dict, path: Path) -> None:
     lat.set_title("100 records, produced -> committed (s)")
     lat.legend()
 
-    ns = [s["historic_batches"] for s in r["scaling"]]
-    scale.plot(ns, [s["plan_s"] for s in r["scaling"]], "o-", label="plan")
-    scale.plot(ns, [s["commit_s"] for s in r["scaling"]], "s-", label="commit")
-    scale.plot(ns, [s["plan_commit_s"] for s in r["scaling"]], "^-", label="plan + commit")
+    append = [s for s in r["scaling"] if s.get("mode", "append") == "append"]
+    aggregate = [s for s in r["scaling"] if s.get("mode") == "aggregate"]
+    ns = [s["historic_batches"] for s in append]
+    scale.plot(ns, [s["plan_s"] for s in append], "o-", label="plan")
+    scale.plot(ns, [s["commit_s"] for s in append], "s-", label="commit")
+    scale.plot(ns, [s["plan_commit_s"] for s in append], "^-", label="plan + commit")
+    if aggregate:
+        scale.plot([s["historic_batches"] for s in aggregate], [s["plan_commit_s"] for s in aggregate], "v--",
+                   label="plan + commit, aggregate")
     scale.set_xscale("log")
     scale.set_xlabel("historic batches in the ledger")
     scale.set_ylim(bottom=0)

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from ledgerbatch.demodata import produce_orders
 from ledgerbatch.devregistry import DevRegistry
 
-from . import floor, lb, plot, report
+from . import floor, lb, plot, report, transforms
 from .avro import AvroOrders
 from .common import DB_PREFIX, REPO, SERVER_URL, DevBrokerProcess, check_retained, child_env, median_run
 from .latency import Latency
@@ -51,9 +51,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def contenders(bootstrap: str, args, workdir: Path, peer: Peer, avro: AvroOrders) -> dict:
     runs: dict[str, list[dict]] = {k: [] for k in ("floor", "peer", "ledgerbatch_one", "ledgerbatch_warm",
-                                                   "ledgerbatch_avro_warm", "ledgerbatch_several",
+                                                   "ledgerbatch_avro_warm", "ledgerbatch_aggregate_warm",
+                                                   "ledgerbatch_filter_warm", "ledgerbatch_several",
                                                    "ledgerbatch_small_batch")}
     small = max(1, args.records // 10)
+    groups, kept = transforms.expected_groups(args.records), transforms.expected_filtered_rows(args.records)
+    want = {"ledgerbatch_small_batch": small, "ledgerbatch_aggregate_warm": len(groups), "ledgerbatch_filter_warm": kept}
     for i in range(args.runs):
         print(f"run {i + 1}/{args.runs}: floor", flush=True)
         runs["floor"].append(floor.run(bootstrap, TOPIC, args.partitions, f"{DB_PREFIX}floor"))
@@ -64,15 +67,20 @@ def contenders(bootstrap: str, args, workdir: Path, peer: Peer, avro: AvroOrders
                                        | {"batch_records": args.records})
         runs["ledgerbatch_warm"].append(lb.run_warm(bootstrap, TOPIC, f"{DB_PREFIX}warm", workdir, args.records))
         runs["ledgerbatch_avro_warm"].append(avro.run_warm(f"{DB_PREFIX}avro", workdir, args.records))
+        runs["ledgerbatch_aggregate_warm"].append(
+            transforms.run_aggregate_warm(bootstrap, TOPIC, f"{DB_PREFIX}aggregate", workdir, args.records, groups))
+        runs["ledgerbatch_filter_warm"].append(
+            transforms.run_filter_warm(bootstrap, TOPIC, f"{DB_PREFIX}filter", workdir, args.records))
         runs["ledgerbatch_several"].append(lb.run(bootstrap, TOPIC, f"{DB_PREFIX}several", workdir, -(-args.records // 4)))
         runs["ledgerbatch_small_batch"].append(lb.run(bootstrap, TOPIC, f"{DB_PREFIX}small", workdir, small, max_batches=1)
                                                | {"batch_records": small})
         for key, results in runs.items():
-            want = small if key == "ledgerbatch_small_batch" else args.records
             got = results[-1]["rows"]
             print(f"  {key}: {results[-1]['wall_s']:.2f} s, {got:,} rows", flush=True)
-            if got != want and key != "peer":  # the peer is at-least-once: its count is reported, not required
-                raise SystemExit(f"{key}: {got} rows for {want} records")
+            if got != want.get(key, args.records) and key != "peer":  # the peer is at-least-once: its count is reported
+                raise SystemExit(f"{key}: {got} rows, expected {want.get(key, args.records)}")
+            if results[-1].get("totals_equal") is False:
+                raise SystemExit(f"{key}: the aggregate's totals differ from the totals of the produced records")
     return {k: median_run(v) for k, v in runs.items()}
 
 

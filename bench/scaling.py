@@ -6,6 +6,10 @@ pipeline's real topic, and the cursors standing at the end. The new batch then p
 after them and goes through the real plan_next -> process_batch -> commit_batch, timed in-process
 (one SparkSession for every N, so Spark's start-up is not in the figures).
 
+The aggregate variant (issue #12) runs the same with bench/transforms.py's per-minute aggregate: each
+historic batch also left its contribution (6 groups) in ledger_aggregates, and the target holds their
+merge, so the new batch's commit meets a contributions table as large as that history makes it.
+
 Runs as a child process (it hosts Spark): python -m bench.scaling CONFIG_JSON
 """
 from __future__ import annotations
@@ -27,11 +31,15 @@ from ledgerbatch.process import process_batch
 from ledgerbatch.sparksession import get_spark
 from ledgerbatch.spec import load_spec
 
-from . import lb
+from ledgerbatch.modes import mode_for
+from ledgerbatch.transform import output_columns, output_spec
+
+from . import lb, transforms
 from .common import DB_PREFIX, fresh_database, watermarks
 
 NAME = "bench_scale"
 NEW_RECORDS = 100
+AGGREGATE_HISTORIC_MAX = 100_000  # 6 contributions a batch: 600k rows at 100k batches
 
 HISTORIC_SQL = """
 CREATE TEMP TABLE historic AS
@@ -56,20 +64,35 @@ SELECT :pipeline, :topic, p, 0, max(until_offset), max(batch_id) FROM historic G
 SELECT setval(pg_get_serial_sequence('ledger.batches', 'batch_id'), :n);
 DROP TABLE historic;
 """
+HISTORIC_CONTRIBUTIONS_SQL = f"""
+INSERT INTO ledger_aggregates.{NAME} (_batch_id, customer, minute, orders, revenue, smallest, largest)
+SELECT g, (g * 7 + k) % 30, (g + k) % 20, 10, 100.00, 1.00, 50.00
+FROM generate_series(1, :n) g CROSS JOIN generate_series(0, 5) k;
+
+INSERT INTO public.{NAME} (customer, minute, orders, revenue, smallest, largest, _batch_id)
+SELECT customer, minute, sum(orders), sum(revenue), min(smallest), max(largest), max(_batch_id)
+FROM ledger_aggregates.{NAME} GROUP BY customer, minute;
+"""
 
 
-def one_size(spark, n: int, bootstrap: str, topic: str, partitions: int, workdir: Path, repeats: int) -> dict:
+def one_size(spark, n: int, bootstrap: str, topic: str, partitions: int, workdir: Path, repeats: int,
+             aggregate: bool = False) -> dict:
     highs = [hi for _, (_, hi) in sorted(watermarks(bootstrap, topic).items())]
     if not partitions <= n <= min(highs) * partitions:
         raise SystemExit(f"scaling: {n} historic batches need {partitions} to {min(highs) * partitions} offsets' worth")
     url = fresh_database(f"{DB_PREFIX}scale")
-    lb.write_spec(workdir, NAME, topic, 100_000)
+    lb.write_spec(workdir, NAME, topic, 100_000, extra=transforms.AGGREGATE if aggregate else None)
     spec = load_spec(workdir, NAME)
     engine = make_engine(url)
     migrate(engine)
     started = time.monotonic()
     with engine.begin() as conn:
-        for statement in HISTORIC_SQL.split(";\n"):
+        statements = HISTORIC_SQL.split(";\n")
+        if aggregate:
+            target = output_spec(spec, output_columns(spark, spec))
+            mode_for(target).ensure_target(conn, target)
+            statements += HISTORIC_CONTRIBUTIONS_SQL.split(";\n")
+        for statement in statements:
             if statement.strip():
                 conn.execute(text(statement), {"n": n, "parts": partitions, "highs": highs, "pipeline": NAME, "topic": topic})
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -91,12 +114,14 @@ def one_size(spark, n: int, bootstrap: str, topic: str, partitions: int, workdir
         if i:
             times.append((plan_s, commit_s))
     with engine.connect() as conn:
-        rows = conn.execute(text(f"SELECT count(*) FROM public.{NAME}")).scalar_one()
+        rows = conn.execute(text(f"SELECT {'sum(orders) - 60 * :n' if aggregate else 'count(*)'} FROM public.{NAME}"),
+                            {"n": n}).scalar_one()
     engine.dispose()
     if rows != produced:
-        raise RuntimeError(f"scaling: {rows} rows for {produced} new records")
+        raise RuntimeError(f"scaling: {rows} new {'orders counted' if aggregate else 'rows'} for {produced} new records")
     totals = [p + c for p, c in times]
-    return {"historic_batches": n, "setup_s": round(setup_s, 1), "plan_s": statistics.median(p for p, _ in times),
+    return {"historic_batches": n, "mode": "aggregate" if aggregate else "append", "setup_s": round(setup_s, 1),
+            "plan_s": statistics.median(p for p, _ in times),
             "commit_s": statistics.median(c for _, c in times), "plan_commit_s": statistics.median(totals),
             "plan_commit_all_s": [round(t, 4) for t in totals]}
 
@@ -104,8 +129,9 @@ def one_size(spark, n: int, bootstrap: str, topic: str, partitions: int, workdir
 def main(cfg: dict) -> list[dict]:
     spark = get_spark("local[*]", "ledgerbatch-bench-scaling")
     try:
-        return [one_size(spark, n, cfg["bootstrap"], cfg["topic"], cfg["partitions"], Path(cfg["workdir"]), cfg["repeats"])
-                for n in cfg["historic"]]
+        args = (cfg["bootstrap"], cfg["topic"], cfg["partitions"], Path(cfg["workdir"]), cfg["repeats"])
+        return ([one_size(spark, n, *args) for n in cfg["historic"]]
+                + [one_size(spark, n, *args, aggregate=True) for n in cfg["historic"] if n <= AGGREGATE_HISTORIC_MAX])
     finally:
         spark.stop()
 

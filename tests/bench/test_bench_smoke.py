@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from bench.transforms import expected_filtered_rows, expected_groups
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -23,7 +24,11 @@ def test_bench_smoke_runs_every_contender_and_writes_the_report(tmp_path):
     r = json.loads(result_file.read_text())
     rows = {k: v["rows"] for k, v in r["contenders"].items()}
     assert rows == {"floor": RECORDS, "peer": RECORDS, "ledgerbatch_one": RECORDS, "ledgerbatch_warm": RECORDS,
-                    "ledgerbatch_avro_warm": RECORDS, "ledgerbatch_several": RECORDS, "ledgerbatch_small_batch": RECORDS // 10}
+                    "ledgerbatch_avro_warm": RECORDS, "ledgerbatch_several": RECORDS, "ledgerbatch_small_batch": RECORDS // 10,
+                    "ledgerbatch_aggregate_warm": len(expected_groups(RECORDS)),
+                    "ledgerbatch_filter_warm": expected_filtered_rows(RECORDS)}
+    assert r["contenders"]["ledgerbatch_aggregate_warm"]["totals_equal"] is True
+    assert r["contenders"]["ledgerbatch_filter_warm"]["filtered"] == RECORDS - expected_filtered_rows(RECORDS)
     assert r["contenders"]["ledgerbatch_warm"]["batches"] == r["contenders"]["ledgerbatch_avro_warm"]["batches"] == 1
     # Every staging task decodes, so fetches the one writer schema: the count is not empty, and at most one a task.
     [registry_run] = r["registry"]["runs"]
@@ -31,10 +36,12 @@ def test_bench_smoke_runs_every_contender_and_writes_the_report(tmp_path):
     assert r["contenders"]["ledgerbatch_several"]["batches"] == 4
     assert all(v["wall_s"] > 0 and v["memory_mib"]["total"] > 0 for v in r["contenders"].values())
     assert r["latency"]["cold"]["median_s"] > 0 and r["latency"]["warm"]["median_s"] > 0
-    assert [s["historic_batches"] for s in r["scaling"]] == [100, 1000]
+    assert [(s["mode"], s["historic_batches"]) for s in r["scaling"]] == [
+        ("append", 100), ("append", 1000), ("aggregate", 100), ("aggregate", 1000)]
     assert all(s["plan_commit_s"] > 0 for s in r["scaling"])
     doc = (docs / "benchmarks.md").read_text()
     assert "| ledgerbatch, one batch (warm driver: `run --follow`) |" in doc and "python -m bench.run --records 20000" in doc
     assert "| ledgerbatch, one batch of Avro (warm driver: `run --follow`) |" in doc
     assert "| wall ledgerbatch Avro warm / JSON warm (one batch) |" in doc
+    assert "| ledgerbatch, one batch into a per-minute aggregate (warm; rows: groups) |" in doc
     assert (docs / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
