@@ -8,7 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import DAG, Asset, AssetAlias, Param
+from airflow.sdk import DAG, Asset, AssetAlias, AssetWatcher, Param
 
 from ..config import REPO_ROOT
 from ..errors import SpecError
@@ -16,10 +16,12 @@ from ..spec import PipelineSpec, parse_spec_file
 from .hooks import LedgerHook
 from .operators import (CommitBatchOperator, PlanBatchOperator, PlanReplayOperator, ProcessBatchOperator,
                         VerifyOperator)
+from .triggers import NewDataTrigger
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULE = "*/15 * * * *"  # a spec's `schedule:` overrides it
+ON_NEW_DATA = "on_new_data"  # `schedule: on_new_data`: event-driven, see new_data_asset
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 BATCH_ID = "{{ ti.xcom_pull(task_ids='plan') }}"
 REPLAYS = AssetAlias("ledgerbatch_replays")  # the backfill DAG's commits: an event on the replayed target's Asset
@@ -91,12 +93,28 @@ def target_asset(spec: PipelineSpec, hook: LedgerHook | None = None) -> Asset | 
         return None
 
 
+def new_data_asset(spec: PipelineSpec, directory: Path) -> Asset:
+    """The Asset an event-driven pipeline's DAG is scheduled on: `x-ledgerbatch://pipelines/<name>/new-data`,
+    watched by the pipeline's NewDataTrigger (Kafka end offsets against the ledger's cursors)."""
+    name = f"ledgerbatch_{spec.name}_new_data"
+    trigger = NewDataTrigger(pipeline=spec.name, pipelines_dir=str(directory))
+    return Asset(name=name, uri=f"x-ledgerbatch://pipelines/{spec.name}/new-data", group="ledgerbatch",
+                 watchers=[AssetWatcher(name=name, trigger=trigger)])
+
+
+def schedule_of(spec: PipelineSpec, directory: Path):
+    """The spec's `schedule:`: a cron expression or preset (default DEFAULT_SCHEDULE), or `on_new_data`."""
+    if spec.schedule == ON_NEW_DATA:
+        return [new_data_asset(spec, directory)]
+    return spec.schedule or DEFAULT_SCHEDULE
+
+
 def pipeline_dag(spec: PipelineSpec, directory: Path, hook: LedgerHook | None = None) -> DAG:
     common = dict(pipeline=spec.name, pipelines_dir=str(directory))
     asset = target_asset(spec, hook)
     with DAG(
         dag_id=f"ledgerbatch_{spec.name}",
-        schedule=spec.schedule or DEFAULT_SCHEDULE,
+        schedule=schedule_of(spec, directory),
         start_date=START,
         catchup=False,  # the ledger, not data intervals, decides what is new
         max_active_runs=1,
@@ -105,7 +123,9 @@ def pipeline_dag(spec: PipelineSpec, directory: Path, hook: LedgerHook | None = 
         auto_register=False,  # only build_dags' DAGs are exposed: one that fails below must not slip into the DagBag
         doc_md=f"Exactly-once delivery of {', '.join(spec.topics)} into "
                f"`{spec.target_schema}.{spec.target_table}` ({spec.mode}), at most {spec.max_records} "
-               f"offsets per batch. Spec: `{directory / (spec.name + '.yaml')}`.",
+               f"offsets per batch. Spec: `{directory / (spec.name + '.yaml')}`."
+               + (" Event-driven: runs when its topics hold offsets the ledger has not delivered."
+                  if spec.schedule == ON_NEW_DATA else ""),
     ) as dag:
         plan = PlanBatchOperator(task_id="plan", doc_md=TASK_DOCS["plan"], **common)
         process = ProcessBatchOperator(task_id="process", batch_id=BATCH_ID, doc_md=TASK_DOCS["process"], **common)

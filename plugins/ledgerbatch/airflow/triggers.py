@@ -1,0 +1,205 @@
+"""Triggers: `NewDataTrigger` wakes an event-driven pipeline (`schedule: on_new_data`) when its topics hold
+offsets the ledger has not delivered.
+
+The trigger only says *that* there is something; the DAG run's `plan` task decides *what* a run delivers
+(from the ledger, as every run does), so a trigger that fires twice never delivers anything twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+from .hooks import KafkaConfigHook, LedgerHook, settings_from_hooks
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from confluent_kafka import Consumer
+    from sqlalchemy.engine import Engine
+
+    from ..ledger import Batch
+    from ..ranges import TopicPartition, Watermarks
+    from ..spec import PipelineSpec
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What one look found: offsets no batch covers yet, the unfinished batch, whether the pipeline ever ran."""
+
+    offsets: int            # past the cursors and past the unfinished batch's ranges
+    unfinished: int | None  # the unfinished live batch (a run resumes it)
+    never_ran: bool         # no cursors yet: the first run records where the pipeline starts
+    state: tuple            # the end offsets and the offsets already covered, this was computed from
+
+    @property
+    def reason(self) -> str:
+        if self.offsets:
+            return f"{self.offsets} offsets past the ledger's cursors"
+        if self.never_ran:
+            return "the pipeline has no cursors yet"
+        return f"batch {self.unfinished} is unfinished" if self.unfinished is not None else ""
+
+
+def pending(spec: PipelineSpec, ends: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int],
+            unfinished: Batch | None) -> Pending:
+    """What a run of `spec` would find to do, by the planner's rules (planner.plan_from): an unfinished batch
+    is resumed with its ranges; then each partition goes from its cursor (a pipeline without cursors starts at
+    `source.start`, a partition added later at its log start) up to its end offset.
+
+    Offsets the unfinished batch covers are not counted: a run is delivering them (or will resume them)."""
+    from ..ranges import start_offsets
+
+    covered = dict(cursors)
+    for r in unfinished.ranges if unfinished is not None else ():
+        covered[r.topic_partition] = max(covered.get(r.topic_partition, r.until_offset), r.until_offset)
+    starts = start_offsets(ends, covered, spec.start if not cursors else "earliest")
+    offsets = sum(max(0, wm.high - starts[tp]) for tp, wm in ends.items())
+    state = (tuple(sorted((tp, wm.high) for tp, wm in ends.items())), tuple(sorted(covered.items())))
+    return Pending(offsets, unfinished.batch_id if unfinished is not None else None, not cursors, state)
+
+
+class NewDataProbe:
+    """One pipeline's look at Kafka and the ledger: a consumer and an engine kept open between looks, so a look
+    costs one metadata request per topic, one end offset request per partition and one ledger query.
+
+    Blocking: the trigger calls it in a thread.
+    """
+
+    def __init__(self, spec: PipelineSpec, engine: Engine, consumer_config: dict):
+        from confluent_kafka import Consumer
+
+        self.spec = spec
+        self.engine = engine
+        self.consumer: Consumer = Consumer(consumer_config)
+        self._lock = threading.Lock()  # a look still running in its thread when the trigger is cancelled
+        self._closed = False           # finishes before close() frees the consumer
+
+    def end_offsets(self) -> dict[TopicPartition, Watermarks]:
+        """Log start and read_committed end of every partition of the pipeline's topics (kafka.watermarks,
+        on the kept consumer)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        from ..errors import ConfigError
+        from ..kafka import METADATA_TIMEOUT_S
+        from ..ranges import Watermarks
+
+        out = {}
+        try:
+            for topic in self.spec.topics:
+                metadata = self.consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+                if metadata is None or metadata.error is not None or not metadata.partitions:
+                    raise ConfigError(f"topic {topic!r} is not available: "
+                                      f"{metadata.error.str() if metadata is not None and metadata.error else 'no partitions'}")
+                for p in sorted(metadata.partitions):
+                    low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                                    timeout=METADATA_TIMEOUT_S, cached=False)
+                    out[(topic, p)] = Watermarks(low, high)
+        except KafkaException as exc:
+            raise ConfigError(f"Kafka is not reachable: {exc.args[0].str()}") from None
+        return out
+
+    def look(self) -> Pending:
+        from .. import ledger
+        from ..errors import LedgerbatchError
+
+        with self._lock:
+            if self._closed:
+                raise LedgerbatchError("the probe is closed")
+            ends = self.end_offsets()
+            with self.engine.connect() as conn:
+                open_id = ledger.open_live_batch_id(conn, self.spec.name)
+                unfinished = ledger.get_batch(conn, open_id) if open_id is not None else None
+                cursors = ledger.cursors(conn, self.spec.name)
+        return pending(self.spec, ends, cursors, unfinished)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self.consumer.close()
+                self.engine.dispose()
+
+
+class NewDataTrigger(BaseEventTrigger):
+    """Fires when a pipeline has something to deliver: its topics' read_committed end offsets are past the
+    ledger's cursors and past the ranges of its unfinished batch (or the pipeline never ran). Used by the
+    AssetWatcher of the pipelines with `schedule: on_new_data`; one trigger per pipeline.
+
+    It looks every `poll_interval` seconds and fires once per state: again only when the end offsets or the
+    offsets covered (cursors, unfinished batch) have changed since it last fired. A run that planned all there
+    was covers it, so the trigger stays quiet; a run that planned one batch of several (`max_records`) leaves
+    offsets uncovered and the trigger fires for the next. An unfinished batch alone fires only on the first
+    look (after a triggerer restart), so that a batch left behind is resumed.
+
+    :param pipeline: Name of the pipeline spec, `<pipelines_dir>/<pipeline>.yaml`.
+    :param pipelines_dir: Directory of the pipeline specs.
+    :param ledger_conn_id: Connection of the ledger database (see LedgerHook), defaults to "ledgerbatch_db".
+    :param kafka_conn_id: Connection whose extra holds the librdkafka settings (see KafkaConfigHook),
+        defaults to "ledgerbatch_kafka".
+    :param poll_interval: Seconds between two looks, defaults to 5.
+    """
+
+    def __init__(self, *, pipeline: str, pipelines_dir: str | Path,
+                 ledger_conn_id: str = LedgerHook.default_conn_name,
+                 kafka_conn_id: str = KafkaConfigHook.default_conn_name, poll_interval: float = 5.0):
+        super().__init__()
+        self.pipeline = pipeline
+        self.pipelines_dir = str(pipelines_dir)
+        self.ledger_conn_id = ledger_conn_id
+        self.kafka_conn_id = kafka_conn_id
+        self.poll_interval = float(poll_interval)
+        self._probe: NewDataProbe | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "pipeline": self.pipeline,
+            "pipelines_dir": self.pipelines_dir,
+            "ledger_conn_id": self.ledger_conn_id,
+            "kafka_conn_id": self.kafka_conn_id,
+            "poll_interval": self.poll_interval,
+        })
+
+    def _open_probe(self) -> NewDataProbe:
+        """The connections (through the hooks), the spec with the Kafka connection's options, the probe."""
+        from ..kafka import consumer_config
+
+        ledger_hook, kafka_hook = LedgerHook(self.ledger_conn_id), KafkaConfigHook(self.kafka_conn_id)
+        settings = settings_from_hooks(ledger_hook, kafka_hook, self.pipelines_dir)
+        spec = settings.spec(self.pipeline)
+        # The planner's consumer settings (planner.plan_next -> kafka.watermarks): the same end offsets.
+        return NewDataProbe(spec, ledger_hook.get_engine(), consumer_config(settings.bootstrap_servers,
+                                                                            dict(spec.kafka_options)))
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from asgiref.sync import sync_to_async
+
+        self._probe = await sync_to_async(self._open_probe)()  # hooks read connections: as the providers do
+        fired: tuple | None = None
+        first = True
+        while True:
+            try:
+                found = await asyncio.to_thread(self._probe.look)
+            except Exception as exc:  # noqa: BLE001  (Kafka or the database away: keep watching, say why)
+                self.log.warning("%s: cannot look for new data (retrying in %.0fs): %s", self.pipeline,
+                                 self.poll_interval, exc)
+                await asyncio.sleep(self.poll_interval)
+                continue
+            # New offsets (or a pipeline that never ran), once per state; an unfinished batch only on the first
+            # look (a triggerer restart): while a run delivers it, firing would only queue an idle run.
+            if ((found.offsets or found.never_ran) and found.state != fired) or (first and found.unfinished is not None):
+                fired = found.state
+                self.log.info("%s: %s", self.pipeline, found.reason)
+                yield TriggerEvent({"pipeline": self.pipeline, "pending_offsets": found.offsets,
+                                    "reason": found.reason})
+            first = False
+            await asyncio.sleep(self.poll_interval)
+
+    async def cleanup(self) -> None:
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            await asyncio.to_thread(probe.close)
