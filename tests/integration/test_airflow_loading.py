@@ -106,3 +106,41 @@ def test_a_dag_that_fails_to_build_is_not_autoregistered(pipelines, monkeypatch)
     assert set(factory.build_dags(pipelines, left_out)) == {"ledgerbatch_backfill"}
     assert "RuntimeError: boom while building" in {item.reason for item in left_out}
     assert not DagContext.autoregistered_dags
+
+
+def test_dagbag_dags_carry_assets_watchers_and_a_nullable_backfill_form(pipelines, monkeypatch):
+    """What the DAG processor sees, from specs in a dir: the commit's target Asset, the on_new_data watcher, and
+    a backfill form whose optional params all accept null (their default)."""
+    import json
+
+    import yaml
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk import Asset
+
+    from ledgerbatch.airflow.triggers import NewDataTrigger
+
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGERBATCH_DB", json.dumps(
+        {"conn_type": "postgres", "host": "db.example.com", "login": "etl", "password": "secret", "schema": "analytics"}))
+    events = {**GOOD, "name": "events", "schedule": "on_new_data", "target": {"table": "sales.events", "mode": "append"}}
+    (pipelines / "events.yaml").write_text(yaml.safe_dump(events))
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+
+    good = bag.dags["ledgerbatch_good"]
+    assert good.get_task("commit").outlets == [Asset("postgres://db.example.com:5432/analytics/public/good")]
+    event_driven = bag.dags["ledgerbatch_events"]
+    assert event_driven.get_task("commit").outlets == [Asset("postgres://db.example.com:5432/analytics/sales/events")]
+    (watched,) = event_driven.timetable.asset_condition.objects
+    assert watched.uri == "x-ledgerbatch://pipelines/events/new-data"
+    assert isinstance(watched.watchers[0].trigger, NewDataTrigger) and watched.watchers[0].trigger.pipeline == "events"
+
+    backfill = bag.dags["ledgerbatch_backfill"]
+    assert backfill.get_task("commit").outlets[0].name == "ledgerbatch_replays"
+    params = backfill.params
+    for key in ("topic", "partitions", "from_offset", "until_offset", "from_time", "until_time"):
+        param = params.get_param(key)
+        assert param.value is None and "null" in param.schema["type"], key
+        assert param.resolve(None) is None
+    assert params.get_param("from_time").schema["format"] == params.get_param("until_time").schema["format"] == "date-time"
+    assert params.get_param("from_time").resolve("2026-11-01T10:00:00+00:00")
+    params.validate()  # the defaults are a valid form
