@@ -190,8 +190,9 @@ def stage_bad_records(batches: Iterator, job: StagingJob) -> Iterator:
 
 
 def copy_output(batches: Iterator, job: StagingJob) -> int:
-    """COPY one task's share of a query's output in one transaction; returns the rows. A retry of a
-    task that had committed collides with the staging table's unique key and fails the attempt."""
+    """COPY one task's share of a query's output in one transaction; returns the rows. Two rows for one
+    record (or group), like a retry of a task that had committed, collide with the staging table's
+    unique key and fail the attempt."""
     import psycopg2
     import pyarrow as pa
 
@@ -204,6 +205,11 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
                     batch_ids = pa.repeat(pa.scalar(job.batch_id, pa.int64()), batch.num_rows)
                     _copy(cur, job.table.statements.copy_output, [batch.column(n) for n in job.output] + [batch_ids])
                     rows += batch.num_rows
+    except psycopg2.errors.UniqueViolation:
+        raise RuntimeError("the query gave two rows for one " + (
+            "key: an aggregate query groups by exactly target.key" if job.aggregate else
+            "record (its _topic, _partition, _offset): an append or upsert query gives at most one row per record"
+        )) from None
     finally:
         conn.close()
     return rows

@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from ledgerbatch import ledger
 from ledgerbatch.commit import commit_batch
-from ledgerbatch.errors import SpecError
+from ledgerbatch.errors import BatchFailedError, SpecError
 from ledgerbatch.process import process_batch
 from ledgerbatch.replay import ReplayRequest, dry_run_diff, plan_replay, resolve_ranges
 from ledgerbatch.runner import run_pipeline
@@ -190,6 +190,28 @@ def test_a_bad_query_is_refused_before_anything_is_read(transform, mode, message
         run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)
     b = batches(engine, p)
     assert len(b) == 1 and b[0].status == "planned" and b[0].records_read is None  # nothing read
+
+
+@pytest.mark.parametrize("transform, mode, message", [
+    ("SELECT b.*, t.tag FROM batch b LATERAL VIEW explode(array('x', 'y')) t AS tag", "append",
+     "gave two rows for one record"),
+    ("SELECT customer, amount AS revenue FROM batch", "aggregate", "gave two rows for one key"),
+])
+def test_a_query_giving_two_rows_for_one_record_or_key_fails_the_batch(transform, mode, message, engine, db_url,
+                                                                       broker, spark, make_pipeline):
+    extra = dict(target__key=["customer"], target__measures={"revenue": "sum"}) if mode == "aggregate" else {}
+    p = make_pipeline(partitions=1, transform=transform, target__mode=mode, **extra)
+    produce_orders(broker, p, 20, seed=6)
+    with pytest.raises(BatchFailedError, match=message):
+        run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)
+    [b] = batches(engine, p)
+    assert b.status == "failed"
+    assert not tables_exist(engine, p)
+
+
+def tables_exist(engine, p) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT to_regclass(:t) IS NOT NULL"), {"t": f"public.{p.table}"}).scalar_one()
 
 
 def test_spec_load_refusals(make_pipeline):
