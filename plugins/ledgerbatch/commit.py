@@ -17,7 +17,7 @@ from .errors import FencedError, LedgerbatchError, ReconcileError
 from .faults import crash_point, terminate_point
 from .modes import mode_for
 from .reconcile import Counts, check_error_budget, reconcile, reconcile_query, reconcile_ranges
-from .spec import PipelineSpec
+from .spec import PipelineSpec, check_version
 from .states import BatchKind, BatchStatus, RangeRefused
 from .transform import spec_for_batch
 
@@ -59,6 +59,7 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged: process it first")
         if attempt is not None and batch.attempt != attempt:
             raise FencedError(f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} owns the batch")
+        check_version(spec, batch_id, batch.spec_version)  # staged under the spec it was planned with, or refused
         spec = spec_for_batch(spec, batch.output_schema)  # a query pipeline publishes the output it staged
 
         # 2. Live: compare-and-set every cursor from `from` to `until`.

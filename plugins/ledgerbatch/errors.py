@@ -23,6 +23,10 @@ class ReconcileError(LedgerbatchError):
     attempt: int | None = None  # the attempt whose staged result was checked, where the commit knew it
 
 
+class SpecVersionError(LedgerbatchError):
+    """A batch planned under one version of its pipeline spec is resumed under another."""
+
+
 class DataLossError(LedgerbatchError):
     """Offsets the ledger needs are no longer in Kafka."""
 

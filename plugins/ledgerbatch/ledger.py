@@ -34,6 +34,7 @@ class Batch:
     rows_deleted: int = 0  # change pipelines: records that deleted a key
     records_skipped: int = 0  # change pipelines: records skipped by design (tombstones)
     range_changes: dict[TopicPartition, tuple[int | None, int | None]] | None = None  # (deleted, skipped) per range
+    spec_version: str | None = None  # the pipeline spec's version it was planned with (spec.version)
 
     @property
     def span(self) -> int:
@@ -90,7 +91,7 @@ def get_batch(conn: Connection, batch_id: int, for_update: bool = False) -> Batc
         ranges=tuple(OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset) for r in ranges),
         range_counts={(r.topic, r.partition): r.records_read for r in ranges},
         records_filtered=row.records_filtered, groups_written=row.groups_written, output_schema=row.output_schema,
-        rows_deleted=row.rows_deleted, records_skipped=row.records_skipped,
+        rows_deleted=row.rows_deleted, records_skipped=row.records_skipped, spec_version=row.spec_version,
         range_changes={(r.topic, r.partition): (r.rows_deleted, r.records_skipped) for r in ranges},
     )
 
@@ -103,6 +104,13 @@ def insert_batch(conn: Connection, pipeline: str, kind: BatchKind, ranges: list[
             "partition": r.partition, "from_offset": r.from_offset, "until_offset": r.until_offset,
         })
     return batch_id
+
+
+def pin_spec_version(conn: Connection, batch_id: int, pipeline: str, version: str, spec_text: str) -> str:
+    """Keep the spec's text under its version, and give the batch that version unless it has one already
+    (a live batch gets it at its plan, a replay or backfill at its first attempt); returns the batch's."""
+    _run(conn, "record_spec_version", {"pipeline": pipeline, "version": version, "spec_text": spec_text})
+    return _run(conn, "pin_spec_version", {"batch_id": batch_id, "version": version}).scalar_one()
 
 
 def begin_attempt(conn: Connection, batch_id: int, output_schema: str | None = None) -> int:

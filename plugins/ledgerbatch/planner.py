@@ -44,6 +44,7 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         if not ranges:
             return None
         batch_id = ledger.insert_batch(conn, spec.name, BatchKind.LIVE, ranges)
+        ledger.pin_spec_version(conn, batch_id, spec.name, spec.version, spec.canonical)
         batch = ledger.get_batch(conn, batch_id)
     log.info("planned batch %d: %d offsets in %d ranges", batch_id, batch.span, len(ranges))
     return batch

@@ -15,7 +15,7 @@ from .kafka import consumer_config
 from .ledger import Batch
 from .reconcile import Counts, check_error_budget
 from .schema import schema_ddl
-from .spec import PipelineSpec
+from .spec import PipelineSpec, check_version
 from .stage import stage_batch
 from .stage_tasks import StagingJob, StagingTable
 from .states import BatchStatus
@@ -29,7 +29,8 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
                   stall_timeout_s: float = 60.0) -> Batch:
     """Stage batch `batch_id` under a new attempt; returns the staged batch. Raises if it cannot."""
     started = time.monotonic()
-    with engine.connect() as conn:
+    with engine.begin() as conn:  # a replay or backfill takes the spec's version at its first attempt
+        check_version(spec, batch_id, ledger.pin_spec_version(conn, batch_id, spec.name, spec.version, spec.canonical))
         batch = ledger.get_batch(conn, batch_id)
     if batch.status == BatchStatus.STAGED:  # e.g. a task retried after staging: commit what is there, never re-read
         log.info("batch %d is already staged by attempt %d: nothing to process", batch_id, batch.attempt)

@@ -1,13 +1,15 @@
 """Pipeline specs: `pipelines/NAME.yaml`, loaded and validated into one immutable value."""
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from .errors import SpecError
+from .errors import SpecError, SpecVersionError
 from .identifiers import check_ident, qualified
 from .decoders import CHANGE_FORMATS, DECODERS, REGISTRY_FORMATS
 from .decoders.registry import CLIENT_OPTIONS
@@ -48,6 +50,18 @@ class PipelineSpec:
     metadata: tuple[str, ...] = ()  # Kafka metadata as columns: key, timestamp, headers (schema.METADATA)
     evolve: str = "none"  # none | additive: columns new to the spec are added to the target at commit
     deletes: bool = False  # upsert: a tombstone with a key deletes the key's row (always so for format debezium)
+    text: str = ""  # the spec's canonical text (its YAML document as sorted JSON): what `version` hashes
+
+    @property
+    def canonical(self) -> str:
+        """The text `version` hashes: the spec's canonical text (its fields, for a spec built in code)."""
+        return self.text or repr(replace(self, kafka_options=()))
+
+    @property
+    def version(self) -> str:
+        """The spec's version: a hash of its canonical text. Deployment settings merged in later
+        (with_kafka_options) and columns read from a schema registry are not part of it."""
+        return hashlib.sha256(self.canonical.encode()).hexdigest()[:16]
 
     @property
     def changes(self) -> bool:
@@ -189,7 +203,28 @@ def parse_spec(doc: object) -> PipelineSpec:
         metadata=tuple(m for m in METADATA if m in metadata),
         evolve=evolve,
         deletes=deletes,
+        text=canonical_text(doc),
     )
+
+
+def canonical_text(doc: dict) -> str:
+    """The spec document as JSON with sorted keys: the same spec gives the same text whatever its YAML
+    layout, comments or key order."""
+    return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False, default=str)
+
+
+def check_version(spec: PipelineSpec, batch_id: int, planned: str | None) -> None:
+    """A batch runs with the spec version it was planned with, or not at all."""
+    if planned is not None and planned != spec.version:
+        raise SpecVersionError(
+            f"batch {batch_id} of pipeline {spec.name} was planned with spec version {planned}, but the spec is now "
+            f"version {spec.version}: a batch never mixes two versions. Restore the spec of version {planned} (its "
+            f"text: SELECT spec_text FROM ledger.spec_versions WHERE pipeline = '{spec.name}' AND version = "
+            f"'{planned}') and run again to finish the batch; the new spec then applies from the next batch. Or, "
+            f"where the batch cannot finish under its version (e.g. its target change was refused), abandon it: "
+            f"UPDATE ledger.batches SET status = 'abandoned', error = 'spec changed' WHERE batch_id = {batch_id} "
+            f"AND status <> 'committed'; the next run plans its offsets again under the new spec. Nothing of "
+            f"the batch is committed")
 
 
 def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str], transform) -> None:

@@ -27,12 +27,14 @@ WHERE pipeline = :pipeline AND kind = 'live' AND status IN ('planned', 'staged',
 
 -- name: get_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
-       rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped
+       rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped,
+       spec_version
 FROM ledger.batches WHERE batch_id = :batch_id;
 
 -- name: lock_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
-       rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped
+       rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped,
+       spec_version
 FROM ledger.batches WHERE batch_id = :batch_id FOR UPDATE;
 
 -- name: get_ranges
@@ -53,6 +55,15 @@ INSERT INTO ledger.batches (pipeline, kind) VALUES (:pipeline, :kind) RETURNING 
 -- name: insert_range
 INSERT INTO ledger.batch_ranges (batch_id, pipeline, kind, topic, partition, from_offset, until_offset)
 VALUES (:batch_id, :pipeline, :kind, :topic, :partition, :from_offset, :until_offset);
+
+-- name: record_spec_version
+INSERT INTO ledger.spec_versions (pipeline, version, spec_text) VALUES (:pipeline, :version, :spec_text)
+ON CONFLICT (pipeline, version) DO NOTHING;
+
+-- name: pin_spec_version
+-- A batch keeps the version it was first given (at its plan; a replay or backfill at its first attempt).
+UPDATE ledger.batches SET spec_version = coalesce(spec_version, :version)
+WHERE batch_id = :batch_id RETURNING spec_version;
 
 -- name: begin_attempt
 UPDATE ledger.batches
