@@ -17,6 +17,7 @@ from ledgerbatch import ledger
 from ledgerbatch.commit import commit_batch
 from ledgerbatch.errors import BatchFailedError, SpecError
 from ledgerbatch.process import process_batch
+from ledgerbatch.ranges import OffsetRange
 from ledgerbatch.replay import ReplayRequest, dry_run_diff, plan_replay, resolve_ranges
 from ledgerbatch.runner import run_pipeline
 from ledgerbatch.verify import verify
@@ -150,6 +151,26 @@ def test_a_replay_after_the_data_changed_leaves_min_and_max_exact(engine, db_url
     commit_batch(engine, spec, again.batch_id)
     assert totals(engine, p) == want
     assert verify(engine, spec) == []
+
+
+def test_a_backfill_before_a_latest_start_adds_exactly_its_records(engine, db_url, broker, spark, make_pipeline):
+    p = make_pipeline(partitions=2, source__start="latest", **AGGREGATE)
+    history = produce_orders(broker, p, 80, seed=7)
+    assert run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark).batches == 0
+    live = produce_orders(broker, p, 60, seed=8, start=80)
+    run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)
+    assert totals(engine, p) == expected_totals(live)
+
+    # The history is all of each partition before the live start: a backfill, not a replay.
+    before = defaultdict(int)
+    for partition, _ in history:
+        before[partition] += 1
+    batch = plan_replay(engine, p.spec, [OffsetRange(p.topic, pt, 0, n) for pt, n in sorted(before.items())])
+    assert batch.kind == "backfill"
+    process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers)
+    commit_batch(engine, p.spec, batch.batch_id)
+    assert totals(engine, p) == expected_totals(history + live)
+    assert verify(engine, p.spec) == []
 
 
 def test_filtering_append_query_counts_what_it_drops(engine, db_url, broker, spark, make_pipeline):
