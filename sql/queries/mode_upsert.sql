@@ -80,3 +80,11 @@ SET _topic = EXCLUDED._topic, _partition = EXCLUDED._partition, _offset = EXCLUD
 
 -- name: drop_last_changes
 DROP TABLE lb_last_changes;
+
+-- name: changes_diff
+-- Dry run of a change pipeline's replay, after last_changes: what its winning changes would do.
+SELECT count(*) FILTER (WHERE c._change = 'u' AND t._offset IS NULL) AS added,
+       count(*) FILTER (WHERE c._change = 'd' AND t._offset IS NOT NULL) AS removed,
+       count(*) FILTER (WHERE c._change = 'u' AND t._offset IS NOT NULL AND ROW({columns_c}) IS DISTINCT FROM ROW({columns_t})) AS changed,
+       count(*) FILTER (WHERE c._change = 'u' AND t._offset IS NOT NULL AND ROW({columns_c}) IS NOT DISTINCT FROM ROW({columns_t})) AS unchanged
+FROM lb_last_changes c LEFT JOIN {schema}.{table} t ON {match_t};

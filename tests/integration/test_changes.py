@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from ledgerbatch.commit import commit_batch
 from ledgerbatch.process import process_batch
-from ledgerbatch.replay import ReplayRequest, plan_replay, resolve_ranges
+from ledgerbatch.replay import ReplayRequest, dry_run_diff, plan_replay, resolve_ranges
 from ledgerbatch.runner import run_pipeline
 from ledgerbatch.verify import verify
 
@@ -128,11 +128,13 @@ def test_bad_change_events_are_quarantined(engine, db_url, broker, spark, make_p
     assert verify(engine, p.spec) == []
 
 
-def replay(engine, db_url, broker, spark, p, from_offset, until_offset):
+def replay(engine, db_url, broker, spark, p, from_offset, until_offset, dry_run=False):
     batch = plan_replay(engine, p.spec, resolve_ranges(p.spec, broker.bootstrap_servers,
                                                        ReplayRequest(p.topic, None, from_offset=from_offset,
                                                                      until_offset=until_offset)))
     process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers)
+    if dry_run:
+        return dry_run_diff(engine, p.spec, batch.batch_id)
     return commit_batch(engine, p.spec, batch.batch_id)
 
 
@@ -155,6 +157,9 @@ def test_replays_of_changes_stay_exact(engine, db_url, broker, spark, make_pipel
     assert table(engine, p) == before
     with engine.begin() as conn:  # a row lost from the target comes back from the range that wrote it
         conn.execute(text(f'DELETE FROM public."{p.table}" WHERE id = 5'))
+    diff = replay(engine, db_url, broker, spark, p, 0, 8, dry_run=True)  # first a dry run: nothing changes
+    assert (diff.added, diff.removed, diff.changed, diff.unchanged) == (1, 0, 0, 3)
+    assert 5 not in table(engine, p)
     replay(engine, db_url, broker, spark, p, 4, 5)
     assert table(engine, p) == before
     with engine.connect() as conn:

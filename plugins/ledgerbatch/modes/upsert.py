@@ -46,6 +46,19 @@ class Upsert(TargetMode):
                     **target_names(spec))
         conn.execute(text(sql), range_arrays(batch.ranges))
 
+    def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
+        """A change pipeline's dry run counts what its winning changes would do: upserts add or change
+        rows (or leave them unchanged), deletes remove them."""
+        if not spec.changes:
+            return super().diff(conn, spec, batch)
+        names = self._change_names(spec, batch, Fragment(""))
+        conn.execute(text(query("last_changes", **names)), {"live": False, **range_arrays(batch.ranges)})
+        columns = tables.column_names(spec)
+        diff = conn.execute(text(query("changes_diff", columns_c=_prefixed("c", columns),
+                                       columns_t=_prefixed("t", columns), **names))).one()
+        conn.execute(text(query("drop_last_changes")))
+        return diff
+
     def violations(self, conn: Connection, spec: PipelineSpec) -> list[str]:
         problems = super().violations(conn, spec)
         if spec.changes and tables.table_exists(conn, "ledger_deletes", deletes_table(spec)):
@@ -57,13 +70,18 @@ class Upsert(TargetMode):
     def _publish_changes(conn: Connection, spec: PipelineSpec, batch: Batch, set_list: Fragment) -> None:
         """Each key's last change that wins (last_changes) deletes or upserts its row, and moves the key
         out of or into the pipeline's deletes."""
-        names = dict(key=list(spec.key), columns=tables.column_names(spec), staging=batch.staging_table,
-                     deletes=deletes_table(spec), match_t=_match("t", spec.key), match_d=_match("d", spec.key),
-                     set_list=set_list, **target_names(spec))
+        names = Upsert._change_names(spec, batch, set_list)
         conn.execute(text(query("last_changes", **names)),
                      {"live": batch.kind == BatchKind.LIVE, **range_arrays(batch.ranges)})
         for step in ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes", "drop_last_changes"):
             conn.execute(text(query(step, **names)))
+
+
+    @staticmethod
+    def _change_names(spec: PipelineSpec, batch: Batch, set_list: Fragment) -> dict:
+        return dict(key=list(spec.key), columns=tables.column_names(spec), staging=batch.staging_table,
+                    deletes=deletes_table(spec), match_t=_match("t", spec.key), match_d=_match("d", spec.key),
+                    set_list=set_list, **target_names(spec))
 
 
 def deletes_table(spec: PipelineSpec) -> str:
@@ -74,3 +92,7 @@ def deletes_table(spec: PipelineSpec) -> str:
 def _match(alias: str, key) -> Fragment:
     """The key of `alias` equals the key of the last change `c`."""
     return Fragment(" AND ".join(f"{alias}.{quote_ident(k)} = c.{quote_ident(k)}" for k in key))
+
+
+def _prefixed(alias: str, columns) -> Fragment:
+    return Fragment(", ".join(f"{alias}.{quote_ident(c)}" for c in columns))
