@@ -57,6 +57,12 @@ def test_design_minimal_spec_is_accepted():
     ({"source__topics": []}, "non-empty list"),
     ({"source__topics": ["bad topic"]}, "not a valid Kafka topic name"),
     ({"name": "Orders-1"}, "lowercase letters"),
+    ({"source__format": "debezium"}, "source.format debezium needs target.mode upsert with target.key"),
+    ({"target__deletes": True}, "target.deletes needs target.mode upsert"),
+    ({"target__mode": "upsert", "target__key": ["order_id"], "target__deletes": "yes"}, "true or false"),
+    ({"source__format": "debezium", "target__mode": "upsert", "target__key": ["order_id"],
+      "transform": "SELECT * FROM batch"}, "a query cannot see deletes"),
+    ({"target__table": "ledger_deletes.orders"}, "schema 'ledger_deletes' belongs to ledgerbatch"),
 ])
 def test_bad_specs_get_clear_errors(changes, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
@@ -70,3 +76,11 @@ def test_missing_sections_and_fields():
         parse_spec(spec_with(source={"topics": ["a"]}))
     with pytest.raises(SpecError, match="must be a mapping"):
         parse_spec(["not", "a", "mapping"])
+
+
+def test_change_pipelines():
+    cdc = parse_spec(spec_with(source__format="debezium", target__mode="upsert", target__key=["order_id"]))
+    deletes = parse_spec(spec_with(target__mode="upsert", target__key=["order_id"], target__deletes=True))
+    plain = parse_spec(spec_with(target__mode="upsert", target__key=["order_id"]))
+    assert cdc.changes and deletes.changes and not plain.changes and not parse_spec(MINIMAL).changes
+    assert cdc.version != plain.version != deletes.version  # every spec text has its version
