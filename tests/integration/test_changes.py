@@ -193,3 +193,14 @@ def test_plain_upsert_with_target_deletes(engine, db_url, broker, spark, make_pi
             assert rows == {"o1", "o2", "o3"} and bad == ["null value (tombstone)"] * 2
             assert (t.read, t.written, t.deleted, t.skipped, t.quarantined) == (5, 3, 0, 0, 2)
         assert verify(engine, p.spec) == []
+
+
+def test_per_column_transform_applies_to_upserts(engine, db_url, broker, spark, make_pipeline):
+    """Rows of a spec with per-column expressions go through a DataFrame: the change of each record goes with it."""
+    p = debezium(make_pipeline, transform={"owner": "upper(owner)"})
+    send(broker, p, [event("c", 1, "a"), event("c", 2, "b"), event("d", 1), tombstone(1), event("u", 2, "b2")])
+    run(engine, db_url, broker, spark, p)
+    assert table(engine, p) == {2: ("B2",)}
+    t = totals(engine, p)
+    assert (t.read, t.written, t.deleted, t.skipped, t.quarantined) == (5, 3, 1, 1, 0)
+    assert verify(engine, p.spec) == []
