@@ -124,5 +124,5 @@ def run_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: i
         "wall_s": wall, "rows": count_rows(url, table), "memory_mib": sampler.peaks.mib(), "batches": _committed_batches(url),
         "phase_s": by_phase, "commit_share": by_phase["commit"] / wall, "batch_records": records,
         "ranges": scalar(url, "SELECT count(*) FROM ledger.batch_ranges"), "url": url,
-        "filtered": scalar(url, "SELECT coalesce(sum(records_filtered), 0) FROM ledger.batches"),
+        "filtered": int(scalar(url, "SELECT coalesce(sum(records_filtered), 0) FROM ledger.batches")),
     }

@@ -15,13 +15,15 @@ ROLES = [("python", "driver / Python"), ("jvm", "JVM"), ("executor", "Spark Pyth
 
 def plot(r: dict, path: Path) -> None:
     c, records = r["contenders"], r["config"]["records"]
-    labels = ["floor", "peer", "lb cold", "lb warm", "lb Avro warm", "lb 4 batches"]
+    labels = ["floor", "peer", "lb cold", "lb warm", "lb Avro\nwarm", "lb aggregate\nwarm", "lb filter\nwarm",
+              "lb 4 batches"]
     fig, ((thr, mem), (lat, scale)) = plt.subplots(2, 2, figsize=(14, 8))
     fig.suptitle(f"ledgerbatch benchmark: {records:,} records, {r['config']['partitions']} partitions, "
                  f"median of {r['config']['runs']} (on {r['started'][:10]})")
 
     rates = [records / c[k]["wall_s"] for k, _ in CONTENDERS]
-    thr.bar(labels, rates, color=["grey", "tab:orange", "tab:blue", "tab:green", "tab:olive", "tab:cyan"])
+    thr.bar(labels, rates, color=["grey", "tab:orange", "tab:blue", "tab:green", "tab:olive", "tab:purple", "tab:brown",
+                                  "tab:cyan"])
     thr.set_title("throughput (records/s, higher is better)")
     for i, v in enumerate(rates):
         thr.annotate(f"{v:,.0f}", (i, v), ha="center", va="bottom")
