@@ -102,13 +102,8 @@ def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, i
                 if batch.column("_partition")[0].as_py() != partition or batch.column("_topic")[0].as_py() != topic:
                     raise RuntimeError(f"staging task got rows of two partitions: {topic}[{partition}] and more")
                 rows += batch.num_rows
-                errors = batch.column("_error")
-                if errors.null_count < batch.num_rows:
-                    is_bad = pc.is_valid(errors)
-                    bad_rows = batch.filter(is_bad)
-                    bad += bad_rows.num_rows
-                    _copy(cur, sql.copy_bad, [bad_rows.column(n) for n in BAD_COLUMNS])
-                    batch = batch.filter(pc.invert(is_bad))
+                batch, nbad = _stage_bad(cur, sql, batch)
+                bad += nbad
                 if batch.num_rows:
                     if "_change" in batch.schema.names:
                         changes = batch.column("_change")
@@ -119,6 +114,19 @@ def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, i
     finally:
         conn.close()
     return topic, partition, rows, bad, deleted, skipped
+
+
+def _stage_bad(cur, sql: StagingStatements, batch):
+    """COPY a parsed batch's bad records to the attempt's bad table; returns the good rows and the bad count."""
+    import pyarrow.compute as pc
+
+    errors = batch.column("_error")
+    if errors.null_count == batch.num_rows:
+        return batch, 0
+    is_bad = pc.is_valid(errors)
+    bad_rows = batch.filter(is_bad)
+    _copy(cur, sql.copy_bad, [bad_rows.column(n) for n in BAD_COLUMNS])
+    return batch.filter(pc.invert(is_bad)), bad_rows.num_rows
 
 
 def _copy(cur, sql: str, arrays: list) -> None:
@@ -156,7 +164,6 @@ def stage_bad_records(batches: Iterator, job: StagingJob) -> Iterator:
     and record what was read (ledger.staged_reads) in one transaction, and pass the good rows on. A
     task that is not read to its end (a LIMIT in the query) records nothing, and the batch fails."""
     import psycopg2
-    import pyarrow.compute as pc
     from pyspark import TaskContext
 
     from .parse import parse_batches
@@ -174,13 +181,8 @@ def stage_bad_records(batches: Iterator, job: StagingJob) -> Iterator:
                 if (batch.column("_topic")[0].as_py(), batch.column("_partition")[0].as_py()) != rng.topic_partition:
                     raise RuntimeError(f"the staging task of {rng} got records of another partition")
                 records += batch.num_rows
-                errors = batch.column("_error")
-                if errors.null_count < batch.num_rows:
-                    is_bad = pc.is_valid(errors)
-                    bad_rows = batch.filter(is_bad)
-                    bad += bad_rows.num_rows
-                    _copy(cur, sql.copy_bad, [bad_rows.column(n) for n in BAD_COLUMNS])
-                    batch = batch.filter(pc.invert(is_bad))
+                batch, nbad = _stage_bad(cur, sql, batch)
+                bad += nbad
                 if batch.num_rows:
                     yield batch
             cur.execute(sql.record_read, {**where, "batch_id": job.batch_id, "attempt": job.attempt,
