@@ -24,20 +24,3 @@ CREATE SCHEMA IF NOT EXISTS ledger_deletes;
 GRANT USAGE, CREATE ON SCHEMA ledger_deletes TO ledgerbatch_writer;
 GRANT USAGE ON SCHEMA ledger_deletes TO ledgerbatch_inspector;
 ALTER DEFAULT PRIVILEGES IN SCHEMA ledger_deletes GRANT SELECT ON TABLES TO ledgerbatch_inspector;
-
--- recent_batches (005) gains the new counts at the end.
-CREATE OR REPLACE VIEW ledger.recent_batches AS
-SELECT b.batch_id, b.pipeline, b.kind, b.status, b.attempt, b.records_read, b.rows_written,
-       b.rows_quarantined, b.created_at, b.committed_at,
-       b.committed_at - b.created_at AS duration, b.error,
-       (SELECT count(*) FROM ledger.batch_ranges r WHERE r.batch_id = b.batch_id) AS ranges,
-       (SELECT coalesce(sum(r.until_offset - r.from_offset), 0) FROM ledger.batch_ranges r
-        WHERE r.batch_id = b.batch_id) AS offsets,
-       b.staged_at,
-       b.staged_at - b.created_at AS planned_to_staged,
-       b.committed_at - b.staged_at AS staged_to_committed,
-       round(b.records_read / nullif(extract(epoch FROM b.committed_at - b.created_at), 0))::bigint
-           AS records_per_second,
-       b.records_filtered, b.groups_written, b.rows_deleted, b.records_skipped
-FROM ledger.batches b
-ORDER BY b.batch_id DESC;

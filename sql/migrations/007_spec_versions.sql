@@ -14,7 +14,8 @@ GRANT SELECT, INSERT ON ledger.spec_versions TO ledgerbatch_writer;
 -- NULL for batches planned before this migration.
 ALTER TABLE ledger.batches ADD COLUMN IF NOT EXISTS spec_version text;
 
--- recent_batches (006) gains the version at the end.
+-- recent_batches (004) gains the counts of 005 and 006 and the spec version at the end (one view
+-- definition for the three migrations).
 CREATE OR REPLACE VIEW ledger.recent_batches AS
 SELECT b.batch_id, b.pipeline, b.kind, b.status, b.attempt, b.records_read, b.rows_written,
        b.rows_quarantined, b.created_at, b.committed_at,
