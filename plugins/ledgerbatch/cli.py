@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import signal
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pipeline")
     run.add_argument("--max-batches", type=_positive, metavar="N", help="stop after N committed batches")
     run.add_argument("--master", help="Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
+    run.add_argument("--remote", metavar="sc://HOST:PORT",
+                     help="run on this Spark Connect server (default LEDGERBATCH_SPARK_REMOTE; --master overrides it)")
     run.add_argument("--follow", action="store_true",
                      help="never stop at caught up: keep Spark warm and plan again every --idle-seconds until SIGTERM")
     run.add_argument("--idle-seconds", type=_positive_float, default=1.0, metavar="S",
@@ -78,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--until-time", metavar="ISO", help="ISO-8601 end of the time window")
     replay.add_argument("--dry-run", action="store_true", help="stage and print the diff; the target is not touched")
     replay.add_argument("--master", help="Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
+    replay.add_argument("--remote", metavar="sc://HOST:PORT",
+                        help="run on this Spark Connect server (default LEDGERBATCH_SPARK_REMOTE; --master overrides it)")
     status = sub.add_parser("status", help="per partition: cursor, end offset, lag, retention headroom, last batch")
     status.add_argument("pipeline", nargs="?", help="one pipeline (default: every spec in the pipelines dir)")
     status.add_argument("--json", action="store_true", help="print a JSON list of pipelines, for scripts")
@@ -95,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     registry.add_argument("--host", default="127.0.0.1")
     registry.add_argument("--port", type=int, default=8081, help="0: any free port")
     registry.add_argument("--user-info", metavar="USER:PASSWORD", help="basic auth; requests without it get 401")
+    server = sub.add_parser("spark-server", help="run a local Spark Connect server (from the pip wheel) in the foreground")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=_positive, default=15002)
+    server.add_argument("--master", default="local[*]", help="the server's own Spark master (default local[*])")
     demo = sub.add_parser("demo", help="the platform on the embedded defaults: dev broker, demo data, Airflow")
     demo.add_argument("--records", type=_positive, default=200_000)
     demo.add_argument("--partitions", type=_positive, default=16)
@@ -152,18 +161,34 @@ def cmd_migrate(args, settings: Settings) -> None:
     print(f"ledger at {safe_url(settings.db_url)}: " + (f"applied migrations {applied}" if applied else "up to date"))
 
 
+def _spark_factory(args, settings: Settings, app_name: str):
+    """The command's Spark session maker: `--master`, else `--remote` or LEDGERBATCH_SPARK_REMOTE (a Spark Connect
+    server), else LEDGERBATCH_SPARK_MASTER or local[*]."""
+    from .sparksession import get_spark
+
+    remote = None if args.master else (args.remote or settings.spark_remote)
+    if remote:
+        def connect():
+            log.info("Spark: a session on the Spark Connect server %s", remote.split(";")[0])
+            spark = get_spark(app_name=app_name, remote=remote)
+            atexit.register(spark.stop)  # the server's session ends with the command; the server stays up
+            return spark
+        return connect
+    master = args.master or settings.spark_master
+    return lambda: get_spark(master, app_name)
+
+
 def cmd_run(args, settings: Settings) -> None:
     from .runner import run_pipeline
-    from .sparksession import get_spark
 
     spec = settings.spec(args.pipeline)
     bootstrap = settings.require_bootstrap()
     engine = _engine(settings)
-    master = args.master or settings.spark_master
+    spark_factory = _spark_factory(args, settings, f"ledgerbatch-{spec.name}")
     stop = threading.Event()
     if args.follow:  # SIGTERM finishes the batch in hand, then stops: nothing to resume
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    summary = run_pipeline(engine, spec, settings.db_url, bootstrap, lambda: get_spark(master, f"ledgerbatch-{spec.name}"),
+    summary = run_pipeline(engine, spec, settings.db_url, bootstrap, spark_factory,
                            max_batches=args.max_batches, follow_idle_s=args.idle_seconds if args.follow else None,
                            stop=stop)
     rate = summary.records_read / summary.seconds if summary.seconds else 0
@@ -197,15 +222,13 @@ def cmd_status(args, settings: Settings) -> None:
 
 def cmd_replay(args, settings: Settings) -> None:
     from .replay import request_from_params, run_replay
-    from .sparksession import get_spark
 
     spec = settings.spec(args.pipeline)
     request = request_from_params(spec, {"topic": args.topic, "partitions": args.partitions,
                                          "from_offset": args.from_offset, "until_offset": args.until_offset,
                                          "from_time": args.from_time, "until_time": args.until_time})
-    master = args.master or settings.spark_master
     outcome = run_replay(_engine(settings), spec, request, settings.db_url, settings.require_bootstrap(),
-                         lambda: get_spark(master, f"ledgerbatch-replay-{spec.name}"), args.dry_run)
+                         _spark_factory(args, settings, f"ledgerbatch-replay-{spec.name}"), args.dry_run)
     b = outcome.batch
     print(f"{spec.name}: {b.kind} batch {b.batch_id} over {', '.join(map(str, b.ranges))}")
     print(f"  {b.records_read} records read, {b.rows_written} delivered, {b.records_filtered} filtered, "
@@ -250,6 +273,12 @@ def cmd_dev_registry(args, settings: Settings) -> None:
     serve_forever(args.port, args.host, args.user_info)
 
 
+def cmd_spark_server(args, settings: Settings) -> int:
+    from .sparksession import serve_connect
+
+    return serve_connect(args.port, args.host, args.master)
+
+
 def cmd_demo(args, settings: Settings) -> None:
     if args.no_airflow:
         from .demo import run_without_airflow
@@ -263,7 +292,7 @@ def cmd_demo(args, settings: Settings) -> None:
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "replay": cmd_replay, "status": cmd_status, "verify": cmd_verify,
             "acknowledge-loss": cmd_acknowledge_loss, "dev-broker": cmd_dev_broker, "dev-registry": cmd_dev_registry,
-            "demo": cmd_demo}
+            "spark-server": cmd_spark_server, "demo": cmd_demo}
 
 if __name__ == "__main__":
     sys.exit(main())

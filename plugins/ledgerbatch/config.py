@@ -22,6 +22,7 @@ class Settings:
     spark_master: str
     kafka_options: dict = field(default_factory=dict)  # consumer settings for every pipeline (security, ...)
     schema_registry: dict = field(default_factory=dict)  # registry client settings for the registry formats
+    spark_remote: str | None = None  # a Spark Connect server (sc://host:port): batches run there, not in a new JVM
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -32,6 +33,7 @@ class Settings:
             spark_master=os.environ.get("LEDGERBATCH_SPARK_MASTER") or "local[*]",
             kafka_options=_json_object("LEDGERBATCH_KAFKA_OPTIONS", "librdkafka settings"),
             schema_registry=_json_object("LEDGERBATCH_SCHEMA_REGISTRY", "schema registry client settings (url, ...)"),
+            spark_remote=os.environ.get("LEDGERBATCH_SPARK_REMOTE") or None,
         )
 
     def spec(self, name: str):

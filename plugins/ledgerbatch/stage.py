@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from . import ledger, source, stage_tasks
 from .parse import parse_batches, staged_struct
 from .spec import PipelineSpec
+from .sparksession import default_parallelism
 from .stage_tasks import StagingJob
 from .transform import run_query
 
@@ -28,7 +29,7 @@ def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob, db_u
 def _stage_direct(spark, engine: Engine, job: StagingJob) -> None:
     """Spark tasks read, parse and COPY whole ranges; only the counts come back. Two tasks per core
     keep every core busy while sparing each range a task's start-up (Kafka and PostgreSQL connections)."""
-    tasks = min(len(job.ranges), 2 * spark.sparkContext.defaultParallelism)
+    tasks = min(len(job.ranges), 2 * default_parallelism(spark))
     task = functools.partial(stage_tasks.stage_ranges, job=job)
     rows = spark.range(0, len(job.ranges), 1, tasks).mapInArrow(task, stage_tasks.COUNTS).collect()
     counts = {(r.topic, r.partition): (r.rows, r.bad, r.deleted, r.skipped) for r in rows if r.rows}

@@ -36,9 +36,10 @@ TASK_DOCS = {
     "plan": "Resume the pipeline's unfinished batch with its pinned ranges, or record the next batch "
             "(one range per partition, from the cursors to the read_committed end offsets). Nothing new: "
             "this task succeeds and the rest of the run is skipped.",
-    "process": "spark-submit `spark_jobs/process_batch.py`: read exactly the batch's ranges, parse, quarantine "
-               "bad records, COPY into this attempt's staging table; the batch becomes `staged`. A retry starts "
-               "a new attempt over the same ranges and fences the old one.",
+    "process": "spark-submit `spark_jobs/process_batch.py` (or, where the `spark_connect_default` connection or "
+               "LEDGERBATCH_SPARK_REMOTE names a Spark Connect server, the same on a session of that server): read "
+               "exactly the batch's ranges, parse, quarantine bad records, COPY into this attempt's staging table; "
+               "the batch becomes `staged`. A retry starts a new attempt over the same ranges and fences the old one.",
     "commit": "One PostgreSQL transaction: compare-and-set the cursors, reconcile counts, move staged rows into "
               "the target. Already committed: no-op. A batch committed here makes an event on the target's Asset "
               "(`postgres://host:port/database/schema/table`) with the batch id, kind, ranges and counts as extra.",

@@ -4,9 +4,12 @@ only hold connection ids and build their hooks in `execute`).
 - `ledgerbatch_db` (type postgres): the ledger and target database.
 - `ledgerbatch_kafka` (any type): extra holds librdkafka settings, at least `bootstrap.servers`.
 - `ledgerbatch_schema_registry` (optional, type http): the Schema Registry of the registry formats.
+- `spark_connect_default` (optional, type spark_connect, the Spark provider's): a Spark Connect server; where it
+  (or LEDGERBATCH_SPARK_REMOTE) names one, the process task runs batches there instead of spark-submit.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,6 +173,25 @@ class SchemaRegistryHook(BaseHook):
 
     def get_conn(self) -> dict[str, str]:
         return self.get_config()
+
+
+SPARK_CONNECT_CONN_ID = "spark_connect_default"  # the Spark provider's SparkConnectHook.default_conn_name
+
+
+def spark_connect_url(conn_id: str = SPARK_CONNECT_CONN_ID) -> str | None:
+    """The Spark Connect server the process task runs batches on, or None (spark-submit).
+
+    The `spark_connect` connection `conn_id` as the Spark provider's SparkConnectHook builds its URL
+    (`sc://host:port/;user_id=LOGIN;token=PASSWORD;use_ssl=...`, from host, port, login, password and the
+    extra's `use_ssl`); without that connection, LEDGERBATCH_SPARK_REMOTE (`sc://host:port`).
+    """
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return SparkConnectHook(conn_id).get_connection_url()
+    except AirflowNotFoundException:
+        return os.environ.get("LEDGERBATCH_SPARK_REMOTE") or None
 
 
 def settings_from_hooks(ledger: LedgerHook, kafka: KafkaConfigHook, pipelines_dir: str | Path,

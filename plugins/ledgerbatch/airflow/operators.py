@@ -22,7 +22,7 @@ from airflow.sdk.observability.stats import Stats
 
 from ..config import REPO_ROOT, Settings
 from ..events import phase_event
-from .hooks import KafkaConfigHook, LedgerHook, settings_from_hooks
+from .hooks import SPARK_CONNECT_CONN_ID, KafkaConfigHook, LedgerHook, settings_from_hooks, spark_connect_url
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -145,10 +145,17 @@ class PlanReplayOperator(LedgerbatchBaseOperator):
 
 
 class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
-    """spark-submit spark_jobs/process_batch.py for one batch; a retry re-runs the same pinned ranges.
+    """Stage one batch; a retry re-runs the same pinned ranges under a new attempt.
+
+    Where a Spark Connect server is named (the `spark_connect_conn_id` connection, else
+    LEDGERBATCH_SPARK_REMOTE; see hooks.spark_connect_url), the task processes the batch itself, through a
+    Spark Connect session on that server: no new JVM, Spark stays warm between DAG runs. Otherwise it
+    spark-submits spark_jobs/process_batch.py (the default, for clusters).
 
     :param batch_id: The batch to process, usually the plan task's XCom (templated). It becomes the job's
         `--batch-id` argument at execute time.
+    :param spark_connect_conn_id: The `spark_connect` connection of a Spark Connect server, defaults to
+        "spark_connect_default"; absent (and LEDGERBATCH_SPARK_REMOTE unset), spark-submit.
 
     The other arguments go to SparkSubmitOperator (`conn_id` defaults to "spark_default"); `application`,
     `name` and `application_args` are set here.
@@ -156,10 +163,12 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
 
     template_fields = (*SparkSubmitOperator.template_fields, *LedgerbatchBaseOperator.template_fields, "batch_id")
 
-    def __init__(self, *, pipeline: str, batch_id: str, **kwargs: Any):
+    def __init__(self, *, pipeline: str, batch_id: str, spark_connect_conn_id: str = SPARK_CONNECT_CONN_ID,
+                 **kwargs: Any):
         kwargs.setdefault("conn_id", "spark_default")
         super().__init__(pipeline=pipeline, application=str(SPARK_JOB), name=f"ledgerbatch-{pipeline}", **kwargs)
         self.batch_id = batch_id
+        self.spark_connect_conn_id = spark_connect_conn_id
 
     def job_env(self, settings: Settings) -> dict[str, str]:
         """The spark-submit job's environment: the same settings the CLI reads, from the connections
@@ -179,11 +188,30 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
         }
 
     def execute(self, context) -> None:
-        self.env_vars = self.job_env(self.settings)
-        self.application_args = ["--pipeline", self.pipeline, "--batch-id", str(self.batch_id)]
         started = time.monotonic()
-        super().execute(context)
+        remote = spark_connect_url(self.spark_connect_conn_id)
+        if remote:
+            self._process_on_connect(remote)
+        else:
+            self.env_vars = self.job_env(self.settings)
+            self.application_args = ["--pipeline", self.pipeline, "--batch-id", str(self.batch_id)]
+            super().execute(context)
         self._phase_event("process", int(self.batch_id), started)
+
+    def _process_on_connect(self, remote: str) -> None:
+        """What spark_jobs/process_batch.py does, in this task, on a session of the Spark Connect server."""
+        from ..process import process_batch
+        from ..sparksession import get_spark
+
+        engine, spec = self._engine_and_spec()
+        settings = self.settings
+        self.log.info("batch %s: processing on the Spark Connect server %s", self.batch_id,
+                      remote.split(";")[0])  # user id and token stay out of the log
+        spark = get_spark(app_name=f"ledgerbatch-{spec.name}-batch-{self.batch_id}", remote=remote)
+        try:
+            process_batch(spark, engine, spec, int(self.batch_id), settings.db_url, settings.bootstrap_servers)
+        finally:
+            spark.stop()  # the server's session (its artifacts and registrations) ends; the server stays warm
 
 
 class CommitBatchOperator(LedgerbatchBaseOperator):

@@ -1,0 +1,155 @@
+"""Spark Connect: a real Connect server started from the pip wheel (`ledgerbatch spark-server`), batches staged
+through Connect sessions (the package as a session artifact, the Python Data Sources registered over Connect,
+mapInArrow with partials, parallelism without a SparkContext), exactly once; and the pipeline DAG's process
+task on that server instead of spark-submit."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from sqlalchemy import text
+
+from .helpers import REPO, assert_exactly_once, cli, order_value, produce
+from .test_airflow import airflow_db, build, connections, states  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def connect_server():
+    """`ledgerbatch spark-server` on a free port (master local[2]); its sc:// URL. Stopped (its whole process
+    group: the launcher, the server's JVM, its Python workers) afterwards."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerbatch.cli", "spark-server", "--port", str(port),
+                             "--master", "local[2]"], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=REPO)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        deadline, url = time.monotonic() + 300, None
+        while url is None and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                assert proc.poll() is None, f"spark-server exited with {proc.returncode}"
+                continue
+            url = next((word for word in line.split() if word.startswith("sc://")), None)
+        assert url == f"sc://127.0.0.1:{port}", "spark-server printed no sc:// URL"
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.fixture
+def connect_spark(connect_server):
+    from ledgerbatch.sparksession import get_spark
+
+    spark = get_spark(app_name="ledgerbatch-connect-tests", remote=connect_server)
+    yield spark
+    spark.stop()
+
+
+def test_a_connect_session_ships_the_package_and_knows_its_parallelism(connect_spark):
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from ledgerbatch.sparksession import default_parallelism, is_connect
+
+    def _import_path(batches):  # defined here: pickled by value (the server's workers have no `tests`)
+        import ledgerbatch
+        import pyarrow as pa
+
+        for _ in batches:
+            yield pa.RecordBatch.from_pylist([{"path": ledgerbatch.__file__}], schema=pa.schema([("path", pa.string())]))
+
+    assert is_connect(connect_spark)
+    assert default_parallelism(connect_spark) == 2  # the server's local[2], without a SparkContext
+    paths = connect_spark.range(0, 2, 1, 2).mapInArrow(_import_path, StructType([StructField("path", StringType())]))
+    for row in paths.collect():  # the server's workers import this client's package from the session's artifact
+        assert row.path.endswith("ledgerbatch.zip/ledgerbatch/__init__.py"), row.path
+
+
+def test_run_pipeline_through_connect_moves_every_record_once(engine, db_url, broker, make_pipeline, connect_server):
+    from ledgerbatch.runner import run_pipeline
+    from ledgerbatch.sparksession import get_spark
+
+    p = make_pipeline(partitions=3, batch__max_records=200)
+    acked = produce(broker.bootstrap_servers, p.topic,
+                    [(i % 3, order_value(i)) for i in range(300)] + [(1, b"\xff not utf-8"), (2, b"[]")])
+    sessions = []
+
+    def factory():
+        sessions.append(get_spark(app_name=f"ledgerbatch-{p.name}", remote=connect_server))
+        return sessions[-1]
+
+    try:
+        summary = run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, factory)
+    finally:
+        for s in sessions:
+            s.stop()
+    assert (summary.batches, summary.records_read, summary.rows_written, summary.rows_quarantined) == (2, 302, 300, 2)
+    assert len(sessions) == 1  # one session for the whole run, as with a classic driver
+    good = {(part, off) for part, off, value in acked if value.startswith(b"{")}
+    assert_exactly_once(engine, p, broker.bootstrap_servers, good, {(part, off) for part, off, _ in acked} - good)
+
+
+def test_cli_run_of_a_query_pipeline_uses_LEDGERBATCH_SPARK_REMOTE(engine, db_url, broker, make_pipeline,
+                                                                   connect_server):
+    p = make_pipeline(partitions=2, batch__max_records=150,
+                      transform="SELECT order_id, upper(customer) AS customer, amount * 2 AS amount, ts, _topic, _partition, "
+                                "_offset FROM batch")
+    acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(200)] + [(0, b"{")])
+    # The master would fail the run if it were used: the batch must run on the Connect server.
+    done = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir, LEDGERBATCH_SPARK_REMOTE=connect_server,
+               LEDGERBATCH_SPARK_MASTER="spark://127.0.0.1:1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 batches committed, 201 records read, 200 rows written, 1 quarantined" in done.stdout, done.stdout
+    assert f"a session on the Spark Connect server {connect_server}" in done.stderr
+    good = {(part, off) for part, off, value in acked if value != b"{"}
+    assert_exactly_once(engine, p, broker.bootstrap_servers, good, {(part, off) for part, off, _ in acked} - good)
+    with engine.connect() as conn:
+        rows = conn.execute(text(f'SELECT customer, amount FROM public."{p.table}" WHERE order_id = \'o-8\'')).all()
+    assert [(r.customer, str(r.amount)) for r in rows] == [("C-1", "2.00")]
+
+
+@pytest.mark.parametrize("named_by", ["LEDGERBATCH_SPARK_REMOTE", "spark_connect_default"])
+def test_dag_test_processes_on_the_connect_server(named_by, airflow_db, connections, engine, broker, make_pipeline,
+                                                  connect_server, monkeypatch):
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    def no_spark_submit(self, context):
+        raise AssertionError("spark-submit was used although a Spark Connect server is named")
+
+    monkeypatch.setattr(SparkSubmitOperator, "execute", no_spark_submit)
+    monkeypatch.delenv("LEDGERBATCH_SPARK_REMOTE", raising=False)
+    if named_by == "LEDGERBATCH_SPARK_REMOTE":
+        monkeypatch.setenv("LEDGERBATCH_SPARK_REMOTE", connect_server)
+    else:  # the Spark provider's connection type; its hook builds sc://host:port/
+        host, port = connect_server.removeprefix("sc://").split(":")
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
+                           json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}))
+    p = make_pipeline(partitions=3)
+    acked = produce(broker.bootstrap_servers, p.topic, [(i % 3, order_value(i)) for i in range(150)])
+    dag = build(p, monkeypatch)[f"ledgerbatch_{p.name}"]
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    assert states(run) == {"plan": "success", "process": "success", "commit": "success", "verify": "success"}
+    assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())

@@ -1,0 +1,50 @@
+"""Where the process task finds a Spark Connect server, and the command that starts one from the wheel."""
+from __future__ import annotations
+
+import json
+
+from ledgerbatch.sparksession import CONNECT_SERVER_CLASS, connect_server_command
+
+
+def test_the_spark_connect_connection_names_the_server(monkeypatch):
+    from ledgerbatch.airflow.hooks import spark_connect_url
+
+    monkeypatch.setenv("LEDGERBATCH_SPARK_REMOTE", "sc://elsewhere:15002")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", json.dumps(
+        {"conn_type": "spark_connect", "host": "spark-connect", "port": 15002, "login": "etl", "password": "s3cret"}))
+    assert spark_connect_url() == "sc://spark-connect:15002/;user_id=etl;token=s3cret"
+
+
+def test_without_the_connection_LEDGERBATCH_SPARK_REMOTE_then_spark_submit(monkeypatch):
+    from ledgerbatch.airflow.hooks import spark_connect_url
+
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", raising=False)
+    monkeypatch.setenv("LEDGERBATCH_SPARK_REMOTE", "sc://127.0.0.1:15002")
+    assert spark_connect_url() == "sc://127.0.0.1:15002"
+    monkeypatch.delenv("LEDGERBATCH_SPARK_REMOTE")
+    assert spark_connect_url() is None
+
+
+def test_the_cli_takes_LEDGERBATCH_SPARK_REMOTE_unless_a_master_is_given(monkeypatch):
+    from ledgerbatch.cli import _spark_factory, build_parser
+    from ledgerbatch.config import Settings
+
+    monkeypatch.setenv("LEDGERBATCH_SPARK_REMOTE", "sc://127.0.0.1:15002")
+    settings = Settings.from_env()
+    assert settings.spark_remote == "sc://127.0.0.1:15002"
+    seen = []
+    monkeypatch.setattr("ledgerbatch.sparksession.get_spark", lambda *a, **kw: seen.append((a, kw)) or _Session())
+    _spark_factory(build_parser().parse_args(["run", "orders"]), settings, "app")()
+    _spark_factory(build_parser().parse_args(["run", "orders", "--master", "local[2]"]), settings, "app")()
+    assert seen == [((), {"app_name": "app", "remote": "sc://127.0.0.1:15002"}), (("local[2]", "app"), {})]
+
+
+class _Session:
+    def stop(self) -> None:
+        pass
+
+
+def test_the_server_command_is_the_wheels_spark_connect_server():
+    cmd = connect_server_command(15123, "127.0.0.1", "local[2]")
+    assert cmd[0].endswith("spark-submit") and cmd[1:3] == ["--class", CONNECT_SERVER_CLASS]
+    assert "spark.connect.grpc.binding.port=15123" in cmd and cmd[cmd.index("--master") + 1] == "local[2]"
