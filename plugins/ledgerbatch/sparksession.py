@@ -7,6 +7,7 @@ SparkContext has a Connect form here (`default_parallelism`, the package as a se
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -21,6 +22,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 CONNECT_PORT = 15002  # Spark Connect's default port
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"  # in the pip wheel's jars/
 REMOTE_ENV = "LEDGERBATCH_SPARK_REMOTE"
+CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"  # set by PySpark in a process that made a Connect session
 
 
 def package_zip(directory: str | Path | None = None) -> str:
@@ -92,6 +94,24 @@ def connect_session(remote: str, app_name: str = "ledgerbatch"):
     spark.addArtifacts(shipped_zip(), pyfile=True)
     _register_sources(spark)
     return spark
+
+
+@contextlib.contextmanager
+def connect_spark(remote: str, app_name: str = "ledgerbatch"):
+    """connect_session() for a with block: stopped at its end, and the process left as it was.
+
+    PySpark marks a process that made a Connect session (the variable SPARK_CONNECT_MODE_ENABLED) and never
+    unmarks it: later classic sessions of the process, and its spark-submit children, would then try Spark
+    Connect and fail. A long-lived process that mixes both (an Airflow worker, dag.test()) uses this.
+    """
+    marked = CONNECT_MODE_ENV in os.environ
+    spark = connect_session(remote, app_name)
+    try:
+        yield spark
+    finally:
+        spark.stop()
+        if not marked:
+            os.environ.pop(CONNECT_MODE_ENV, None)
 
 
 def _register_sources(spark) -> None:

@@ -59,13 +59,22 @@ def connect_server():
             proc.wait(10)
 
 
+@pytest.fixture(autouse=True)
+def classic_sessions_unaffected():
+    """PySpark marks a process that made a Connect session (SPARK_CONNECT_MODE_ENABLED): other tests' classic
+    sessions and spark-submit children must not inherit the mark."""
+    marked = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+    yield
+    if not marked:
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
 @pytest.fixture
 def connect_spark(connect_server):
-    from ledgerbatch.sparksession import get_spark
+    from ledgerbatch.sparksession import connect_spark
 
-    spark = get_spark(app_name="ledgerbatch-connect-tests", remote=connect_server)
-    yield spark
-    spark.stop()
+    with connect_spark(connect_server, "ledgerbatch-connect-tests") as spark:
+        yield spark
 
 
 def test_a_connect_session_ships_the_package_and_knows_its_parallelism(connect_spark):
@@ -153,3 +162,4 @@ def test_dag_test_processes_on_the_connect_server(named_by, airflow_db, connecti
     assert str(run.state) == "success", states(run)
     assert states(run) == {"plan": "success", "process": "success", "commit": "success", "verify": "success"}
     assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ  # spark-submit children of this worker stay classic

@@ -201,17 +201,15 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
     def _process_on_connect(self, remote: str) -> None:
         """What spark_jobs/process_batch.py does, in this task, on a session of the Spark Connect server."""
         from ..process import process_batch
-        from ..sparksession import get_spark
+        from ..sparksession import connect_spark
 
         engine, spec = self._engine_and_spec()
         settings = self.settings
         self.log.info("batch %s: processing on the Spark Connect server %s", self.batch_id,
                       remote.split(";")[0])  # user id and token stay out of the log
-        spark = get_spark(app_name=f"ledgerbatch-{spec.name}-batch-{self.batch_id}", remote=remote)
-        try:
+        # The server's session (its artifacts and registrations) ends with the block; the server stays warm.
+        with connect_spark(remote, f"ledgerbatch-{spec.name}-batch-{self.batch_id}") as spark:
             process_batch(spark, engine, spec, int(self.batch_id), settings.db_url, settings.bootstrap_servers)
-        finally:
-            spark.stop()  # the server's session (its artifacts and registrations) ends; the server stays warm
 
 
 class CommitBatchOperator(LedgerbatchBaseOperator):

@@ -1,0 +1,243 @@
+"""Spark Connect figures (#13): the pipeline DAG (`dag.test()`) with its process task on a warm Spark Connect
+server, against the cold spark-submit path and the 2-process floor (bench/floor.py) on the same data.
+
+    python -m bench.connect [--records 1000000] [--partitions 32] [--runs 3] [--small-repeats 5]
+
+- small: a 100-record DAG run, trigger (dag.test() called) to committed (the commit task's end), median of
+  `--small-repeats` runs, on the warm Connect server and through cold spark-submit (`spark_default` local[*]);
+- large: `--records` in one batch through the pipeline DAG on the warm server, against the floor on the same
+  topic, medians of `--runs` (interleaved: floor, then the DAG, per run).
+
+Its databases are prefixed `lb_connect_bench_` (not the main bench's `lb_bench_`) and dropped at the end;
+the dev broker and the Connect server are its children and stopped at the end. Prints one JSON document.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("LEDGERBATCH_BENCH_DB_PREFIX", "lb_connect_bench_")
+AIRFLOW_HOME = tempfile.mkdtemp(prefix="lb_connect_bench_airflow_")
+REPO = Path(__file__).resolve().parents[1]
+os.environ.update({  # before anything imports Airflow: a throw-away home, this repo's dags/ and plugins/
+    "AIRFLOW_HOME": AIRFLOW_HOME,
+    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
+    "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+})
+
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from . import floor  # noqa: E402
+from .common import BIN, DB_PREFIX, SERVER_URL, DevBrokerProcess, check_retained, child_env, count_rows, fresh_database  # noqa: E402
+from .lb import write_spec  # noqa: E402
+
+TOPIC, SMALL_TOPIC = "connect_orders", "connect_small"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ConnectServer:
+    """`ledgerbatch spark-server` as a child in its own process group; `url` once it listens."""
+
+    def __init__(self, master: str = "local[*]"):
+        port = free_port()
+        self.proc = subprocess.Popen([str(BIN / "ledgerbatch"), "spark-server", "--port", str(port), "--master", master],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env(),
+                                     start_new_session=True)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stdout], daemon=True).start()
+        deadline = time.monotonic() + 300
+        self.url = None
+        while self.url is None and time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                self.url = next((w for w in lines.get(timeout=1).split() if w.startswith("sc://")), None)
+            except queue.Empty:
+                pass
+        if self.url is None:
+            self.close()
+            raise RuntimeError("the Spark Connect server did not start")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def connections(db_url: str, bootstrap: str, remote: str | None) -> None:
+    """The DAG's connections as AIRFLOW_CONN_* variables; `remote` None: spark-submit (spark_default local[*])."""
+    u = make_url(db_url)
+    os.environ["AIRFLOW_CONN_LEDGERBATCH_DB"] = json.dumps(
+        {"conn_type": "postgres", "host": u.host, "port": u.port, "login": u.username, "password": u.password,
+         "schema": u.database})
+    os.environ["AIRFLOW_CONN_LEDGERBATCH_KAFKA"] = json.dumps({"conn_type": "generic",
+                                                               "extra": {"bootstrap.servers": bootstrap}})
+    os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[*]"})
+    os.environ.pop("LEDGERBATCH_SPARK_REMOTE", None)
+    if remote:
+        host, port = remote.removeprefix("sc://").split(":")
+        os.environ["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
+            {"conn_type": "spark_connect", "host": host, "port": int(port)})
+    else:
+        os.environ.pop("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", None)
+
+
+def ledger_db(name: str) -> str:
+    from ledgerbatch.db import make_engine
+    from ledgerbatch.migrate import migrate
+
+    url = fresh_database(name)
+    engine = make_engine(url)
+    migrate(engine)
+    engine.dispose()
+    return url
+
+
+def dag_run(pipelines_dir: Path, name: str) -> dict:
+    """One dag.test() of `ledgerbatch_<name>`: trigger to committed (the commit task's end) and to the run's end."""
+    from ledgerbatch.airflow.factory import build_dags
+
+    os.environ["LEDGERBATCH_PIPELINES_DIR"] = str(pipelines_dir)  # dag.test() re-parses dags/
+    dag = build_dags(pipelines_dir)[f"ledgerbatch_{name}"]
+    triggered = datetime.now(timezone.utc)
+    started = time.monotonic()
+    run = dag.test()
+    wall = time.monotonic() - started
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    if str(run.state) != "success" or str(tis["commit"].state) != "success":
+        raise RuntimeError(f"{name}: DAG run {run.state}: { {k: str(t.state) for k, t in tis.items()} }")
+    return {"committed_s": (tis["commit"].end_date - triggered).total_seconds(), "wall_s": wall,
+            "process_s": (tis["process"].end_date - tis["process"].start_date).total_seconds()}
+
+
+def small_runs(bootstrap: str, workdir: Path, remote: str | None, repeats: int, records: int, label: str) -> list[dict]:
+    """`repeats` DAG runs of `records` new orders each into one pipeline (after one unmeasured warm-up run)."""
+    from ledgerbatch.demodata import produce_orders
+
+    name = f"connect_small_{label}"
+    url = ledger_db(f"{DB_PREFIX}{label}")
+    connections(url, bootstrap, remote)
+    pipelines_dir = workdir / label
+    write_spec(pipelines_dir, name, SMALL_TOPIC, records)
+    # Unmeasured warm-up run first; then every measured run is one batch of at most `records` (max_records).
+    produce_orders(bootstrap, SMALL_TOPIC, records, 4, start=0)
+    dag_run(pipelines_dir, name)
+    runs = []
+    for i in range(repeats):
+        produce_orders(bootstrap, SMALL_TOPIC, records, 4, start=(i + 1) * records)
+        runs.append(dag_run(pipelines_dir, name))
+        print(f"  {label} run {i + 1}: {runs[-1]}", flush=True)
+    return runs
+
+
+def large_runs(bootstrap: str, workdir: Path, remote: str, runs: int, records: int, partitions: int) -> dict:
+    floors, dags = [], []
+    for i in range(runs):
+        floors.append(floor.run(bootstrap, TOPIC, partitions, f"{DB_PREFIX}floor"))
+        if floors[-1]["rows"] != records:
+            raise RuntimeError(f"floor delivered {floors[-1]['rows']} of {records}")
+        print(f"  floor run {i + 1}: {floors[-1]['wall_s']:.2f}s", flush=True)
+        name = f"connect_large_{i}"
+        url = ledger_db(f"{DB_PREFIX}large")
+        connections(url, bootstrap, remote)
+        write_spec(workdir / "large", name, TOPIC, records)
+        dags.append(dag_run(workdir / "large", name))
+        rows = count_rows(url, f"public.{name}")
+        if rows != records:
+            raise RuntimeError(f"the DAG delivered {rows} of {records}")
+        print(f"  connect DAG run {i + 1}: {dags[-1]}", flush=True)
+    return {"floor": floors, "dag": dags}
+
+
+def median(runs: list[dict], key: str) -> float:
+    return round(statistics.median(r[key] for r in runs), 3)
+
+
+def drop_databases() -> None:
+    admin = create_engine(SERVER_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        names = conn.execute(text("SELECT datname FROM pg_database WHERE datname LIKE :p"), {"p": DB_PREFIX + "%"}).scalars()
+        for name in list(names):
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=3, help="large-batch runs (floor and DAG each)")
+    parser.add_argument("--small-records", type=int, default=100)
+    parser.add_argument("--small-repeats", type=int, default=5)
+    parser.add_argument("--skip-cold", action="store_true", help="no cold spark-submit small runs")
+    args = parser.parse_args(argv)
+    done = subprocess.run([str(BIN / "airflow"), "db", "migrate"], capture_output=True, text=True, env=os.environ)
+    if done.returncode:
+        raise SystemExit(done.stderr[-3000:])
+    workdir = Path(tempfile.mkdtemp(prefix="lb_connect_bench_"))
+    load_at_start = os.getloadavg()[0]
+    broker = DevBrokerProcess({TOPIC: args.partitions, SMALL_TOPIC: 4})
+    server = None
+    try:
+        print(f"dev broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
+        from ledgerbatch.demodata import produce_orders
+
+        produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
+        check_retained(broker.bootstrap, TOPIC, args.records)
+        started = time.monotonic()
+        server = ConnectServer()
+        print(f"Spark Connect server {server.url} up in {time.monotonic() - started:.1f}s", flush=True)
+        results: dict = {"load_at_start": round(load_at_start, 2)}
+        print("small: warm Spark Connect", flush=True)
+        connect_small = small_runs(broker.bootstrap, workdir, server.url, args.small_repeats, args.small_records, "connect")
+        results["small_connect"] = {"committed_s": median(connect_small, "committed_s"),
+                                    "wall_s": median(connect_small, "wall_s"), "runs": connect_small}
+        if not args.skip_cold:
+            print("small: cold spark-submit", flush=True)
+            cold_small = small_runs(broker.bootstrap, workdir, None, args.small_repeats, args.small_records, "cold")
+            results["small_cold"] = {"committed_s": median(cold_small, "committed_s"),
+                                     "wall_s": median(cold_small, "wall_s"), "runs": cold_small}
+        print(f"large: {args.records:,} records, floor and the DAG on the warm server", flush=True)
+        large = large_runs(broker.bootstrap, workdir, server.url, args.runs, args.records, args.partitions)
+        results["large"] = {"floor_s": median(large["floor"], "wall_s"), "dag_committed_s": median(large["dag"], "committed_s"),
+                            "dag_wall_s": median(large["dag"], "wall_s"), "dag_process_s": median(large["dag"], "process_s"),
+                            "runs": large}
+        results["large"]["ratio_committed"] = round(results["large"]["dag_committed_s"] / results["large"]["floor_s"], 2)
+        results["load_at_end"] = round(os.getloadavg()[0], 2)
+        results["command"] = "python -m bench.connect " + " ".join(sys.argv[1:] if argv is None else argv)
+    finally:
+        if server:
+            server.close()
+        broker.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(AIRFLOW_HOME, ignore_errors=True)
+        drop_databases()
+    print(json.dumps(results, indent=2, default=str))
+    return results
+
+
+if __name__ == "__main__":
+    main()
