@@ -92,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument("pipeline")
     loss.add_argument("--by", required=True, metavar="NAME", help="who acknowledges the loss")
     loss.add_argument("--reason", help="why (ticket, incident)")
+    abandon = sub.add_parser("abandon", help="give up an unfinished batch (nothing of it is committed; the next run plans again)")
+    abandon.add_argument("pipeline")
+    abandon.add_argument("batch_id", type=_positive, metavar="BATCH_ID")
+    abandon.add_argument("--by", required=True, metavar="NAME", help="who abandons it")
+    abandon.add_argument("--reason", help="why (ticket, spec change)")
     broker = sub.add_parser("dev-broker", help="run the local Kafka-protocol dev broker in the foreground")
     broker.add_argument("--brokers", type=_positive, default=3)
     broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
@@ -261,6 +266,15 @@ def cmd_acknowledge_loss(args, settings: Settings) -> None:
         print(f"{spec.name}: recorded lost {r} ({r.span} offsets), acknowledged by {args.by}")
 
 
+def cmd_abandon(args, settings: Settings) -> None:
+    from .abandon import abandon_batch
+
+    spec = settings.spec(args.pipeline)
+    batch = abandon_batch(_engine(settings), spec, args.batch_id, args.by, args.reason)
+    print(f"{spec.name}: {batch.kind} batch {batch.batch_id} ({batch.status}) abandoned by {args.by}; nothing of it "
+          f"was committed" + ("; the next run plans its offsets again" if batch.kind == "live" else ""))
+
+
 def cmd_dev_broker(args, settings: Settings) -> None:
     from .devbroker import serve_forever
 
@@ -291,7 +305,7 @@ def cmd_demo(args, settings: Settings) -> None:
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "replay": cmd_replay, "status": cmd_status, "verify": cmd_verify,
-            "acknowledge-loss": cmd_acknowledge_loss, "dev-broker": cmd_dev_broker, "dev-registry": cmd_dev_registry,
+            "acknowledge-loss": cmd_acknowledge_loss, "abandon": cmd_abandon, "dev-broker": cmd_dev_broker, "dev-registry": cmd_dev_registry,
             "spark-server": cmd_spark_server, "demo": cmd_demo}
 
 if __name__ == "__main__":

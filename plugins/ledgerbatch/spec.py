@@ -222,9 +222,8 @@ def check_version(spec: PipelineSpec, batch_id: int, planned: str | None) -> Non
             f"text: SELECT spec_text FROM ledger.spec_versions WHERE pipeline = '{spec.name}' AND version = "
             f"'{planned}') and run again to finish the batch; the new spec then applies from the next batch. Or, "
             f"where the batch cannot finish under its version (e.g. its target change was refused), abandon it: "
-            f"UPDATE ledger.batches SET status = 'abandoned', error = 'spec changed' WHERE batch_id = {batch_id} "
-            f"AND status <> 'committed'; the next run plans its offsets again under the new spec. Nothing of "
-            f"the batch is committed")
+            f"`ledgerbatch abandon {spec.name} {batch_id} --by NAME --reason 'spec changed'`; the next run plans "
+            f"its offsets again under the new spec. Nothing of the batch is committed")
 
 
 def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str], transform) -> None:

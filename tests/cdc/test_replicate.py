@@ -329,9 +329,11 @@ def test_schema_evolution_mid_stream_and_a_resumed_batch_after_a_spec_change(cdc
                                                f"version [0-9a-f]+, but the spec is now version"):
         run_pipeline(engine, load_spec(pipelines, name), db_url, broker.bootstrap_servers, lambda: spark)
     # ... until it is abandoned as the message says; the next run plans its offsets again.
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE ledger.batches SET status = 'abandoned', error = 'spec changed' "
-                          "WHERE batch_id = :b AND status <> 'committed'"), {"b": staged.batch_id})
+    done = cli(db_url, broker, pipelines, "abandon", name, str(staged.batch_id), "--by", "test", "--reason", "spec changed")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"batch {staged.batch_id} (staged) abandoned by test" in done.stdout
+    again = cli(db_url, broker, pipelines, "abandon", name, str(staged.batch_id), "--by", "test")
+    assert again.returncode == 1 and "is abandoned: there is nothing to abandon" in again.stderr
     run(29)
     assert verify(engine, load_spec(pipelines, name)) == []
     with engine.connect() as conn:
