@@ -160,3 +160,15 @@ class TestAggregate(TargetModeContract):
     @staticmethod
     def expect(rows: list[tuple]) -> list[tuple]:
         return sorted((oid, 1, amount, batch_id) for _, _, oid, amount, batch_id in rows)
+
+    def test_a_group_only_a_superseded_batch_made_disappears(self, engine, make_pipe):
+        p = make_pipe(mode=self.MODE)
+        first = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 0, "o-0", "1.00"), (0, 1, "o-1", "2.00")])
+        commit_batch(engine, p.spec, first.batch_id)
+        second = staged_batch(engine, p, {0: (2, 3)}, good=[(0, 2, "o-1", "5.00")])
+        commit_batch(engine, p.spec, second.batch_id)
+        # The first batch replayed without o-0 (its query now drops it): o-0 goes, o-1 is recomputed.
+        replay = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 1, "o-1", "3.00")], kind=BatchKind.REPLAY)
+        commit_batch(engine, p.spec, replay.batch_id)
+        assert target(engine, p) == [("o-1", 2, "8.00", replay.batch_id)]  # the last batch that changed it
+        assert verify(engine, p.spec) == []

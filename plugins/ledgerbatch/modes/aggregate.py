@@ -54,8 +54,9 @@ class Aggregate(TargetMode):
             conn.execute(text(query("merge_groups", merge_list=merge, **names)))
             return
         superseded = {"superseded": self.superseded(conn, spec, batch)}
-        conn.execute(text(query("delete_contributions", **names)), superseded)
+        # The groups the superseded contributions touched, noted before they go, and the new one's.
         conn.execute(text(query("note_affected_groups", **names)), superseded)
+        conn.execute(text(query("delete_contributions", **names)), superseded)
         # The new contribution is in, the superseded ones are out: recompute what either touched.
         conn.execute(text(query("recompute_groups", key_t=_prefixed("t", spec.key), key_a=_prefixed("a", spec.key),
                                 measures_agg=_aggregates(spec), **names)))
