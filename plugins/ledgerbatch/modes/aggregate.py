@@ -21,7 +21,7 @@ from ..schema import BATCH_ID
 from ..spec import PipelineSpec
 from ..sqlfiles import Fragment, query
 from ..states import BatchKind
-from .base import TargetMode, target_names
+from .base import TargetMode, prefixed, target_names
 
 _MERGE = {"sum": "COALESCE(t.{c} + EXCLUDED.{c}, t.{c}, EXCLUDED.{c})",
           "min": "LEAST(t.{c}, EXCLUDED.{c})", "max": "GREATEST(t.{c}, EXCLUDED.{c})"}
@@ -58,7 +58,7 @@ class Aggregate(TargetMode):
         conn.execute(text(query("note_affected_groups", **names)), superseded)
         conn.execute(text(query("delete_contributions", **names)), superseded)
         # The new contribution is in, the superseded ones are out: recompute what either touched.
-        conn.execute(text(query("recompute_groups", key_t=_prefixed("t", spec.key), key_a=_prefixed("a", spec.key),
+        conn.execute(text(query("recompute_groups", key_t=prefixed("t", spec.key), key_a=prefixed("a", spec.key),
                                 measures_agg=_aggregates(spec), **names)))
 
     def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
@@ -86,10 +86,6 @@ class Aggregate(TargetMode):
         measures = [m for m, _ in spec.measures]
         return dict(key=list(spec.key), measures=measures, columns=tables.column_names(spec),
                     staging=batch.staging_table, contributions=contributions_table(spec), **target_names(spec))
-
-
-def _prefixed(alias: str, columns) -> Fragment:
-    return Fragment(", ".join(f"{alias}.{quote_ident(c)}" for c in columns))
 
 
 def _aggregates(spec: PipelineSpec) -> Fragment:

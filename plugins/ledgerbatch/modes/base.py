@@ -11,7 +11,8 @@ from .. import ledger, tables
 from ..ledger import Batch
 from ..ranges import range_arrays
 from ..spec import PipelineSpec
-from ..sqlfiles import query
+from ..identifiers import quote_ident
+from ..sqlfiles import Fragment, query
 
 
 class TargetMode(ABC):
@@ -43,3 +44,8 @@ class TargetMode(ABC):
 
 def target_names(spec: PipelineSpec) -> dict[str, str]:
     return dict(schema=spec.target_schema, table=spec.target_table)
+
+
+def prefixed(alias: str, columns) -> Fragment:
+    """`alias."a", alias."b"`: validated column names qualified by a table alias."""
+    return Fragment(", ".join(f"{alias}.{quote_ident(c)}" for c in columns))

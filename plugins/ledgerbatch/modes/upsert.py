@@ -18,7 +18,7 @@ from ..schema import LINEAGE
 from ..spec import PipelineSpec
 from ..sqlfiles import Fragment, query
 from ..states import BatchKind
-from .base import TargetMode, target_names
+from .base import TargetMode, prefixed, target_names
 
 
 class Upsert(TargetMode):
@@ -54,8 +54,8 @@ class Upsert(TargetMode):
         names = self._change_names(spec, batch, Fragment(""))
         conn.execute(text(query("last_changes", **names)), {"live": False, **range_arrays(batch.ranges)})
         columns = tables.column_names(spec)
-        diff = conn.execute(text(query("changes_diff", columns_c=_prefixed("c", columns),
-                                       columns_t=_prefixed("t", columns), **names))).one()
+        diff = conn.execute(text(query("changes_diff", columns_c=prefixed("c", columns),
+                                       columns_t=prefixed("t", columns), **names))).one()
         conn.execute(text(query("drop_last_changes")))
         return diff
 
@@ -94,5 +94,3 @@ def _match(alias: str, key) -> Fragment:
     return Fragment(" AND ".join(f"{alias}.{quote_ident(k)} = c.{quote_ident(k)}" for k in key))
 
 
-def _prefixed(alias: str, columns) -> Fragment:
-    return Fragment(", ".join(f"{alias}.{quote_ident(c)}" for c in columns))
