@@ -101,3 +101,19 @@ def protobuf_encoder(url: str, topic: str):
             message.customer.name, message.customer.tier = record["customer"]["name"], record["customer"]["tier"]
         return serialize(message, context(topic))
     return encode
+
+
+def debezium_avro_envelope(value_record: dict) -> dict:
+    """A Debezium Envelope as Confluent's AvroConverter writes its schema (cut down to before, after, op)."""
+    namespace = value_record["namespace"]  # <topic.prefix>.<schema>.<table>, of the Value record too
+    return {"type": "record", "name": "Envelope", "namespace": namespace, "fields": [
+        {"name": "before", "type": ["null", value_record], "default": None},
+        {"name": "after", "type": ["null", value_record["name"]], "default": None},
+        {"name": "op", "type": "string"}], "connect.name": f"{namespace}.Envelope"}
+
+
+def debezium_avro_encoder(url: str, topic: str):
+    """An order as the row image `after` of a create event."""
+    value = {**ORDER_AVRO_V1, "name": "Value", "namespace": "shop.public.orders"}
+    serialize = AvroSerializer(client(url), json.dumps(debezium_avro_envelope(value)))
+    return lambda order: serialize({"before": None, "after": order, "op": "c"}, context(topic))

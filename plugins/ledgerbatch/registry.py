@@ -2,7 +2,8 @@
 own, and columns from the registry when the spec lists none.
 
 Without `source.schema`, the columns are the fields of the latest schema of the subject
-`<first topic>-value` (TopicNameStrategy), read when the spec is loaded; with `target.evolve:
+`<first topic>-value` (TopicNameStrategy; for Debezium's Avro envelopes the fields of its `after` record),
+read when the spec is loaded; with `target.evolve:
 additive` (the default for registry formats) a field added in a later version becomes a new
 nullable target column at the next commit.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .decoders import REGISTRY_FORMATS, make_decoder
+from .decoders import DEBEZIUM_AVRO, REGISTRY_FORMATS, make_decoder
 from .decoders.registry import CLIENT_OPTIONS, registry_client
 from .errors import ConfigError, SpecError
 from .schema import parse_schema
@@ -27,7 +28,8 @@ def with_registry(spec: PipelineSpec, deployment: dict[str, str]) -> PipelineSpe
         raise ConfigError(f"schema registry settings {', '.join(unknown)} are unknown (allowed: {', '.join(CLIENT_OPTIONS)})")
     options = {**{str(k): str(v) for k, v in deployment.items()}, **dict(spec.format_options)}
     if not options.get("url"):
-        raise ConfigError(f"pipeline {spec.name}: format {spec.format} needs a schema registry: set "
+        what = "format debezium with source.schema_registry" if spec.format == DEBEZIUM_AVRO else f"format {spec.format}"
+        raise ConfigError(f"pipeline {spec.name}: {what} needs a schema registry url: set "
                           f"source.schema_registry.url, LEDGERBATCH_SCHEMA_REGISTRY or the Airflow connection "
                           f"ledgerbatch_schema_registry")
     spec = replace(spec, format_options=tuple(sorted(options.items())))
@@ -71,10 +73,12 @@ def resolve_columns(spec: PipelineSpec) -> PipelineSpec:
 
 
 def _columns_ddl(spec: PipelineSpec, schema) -> str:
-    from .decoders import avro, json_schema, protobuf
+    from .decoders import avro, debezium_avro, json_schema, protobuf
 
     if spec.format == "avro":
         return avro.columns_ddl(schema)
+    if spec.format == DEBEZIUM_AVRO:
+        return debezium_avro.columns_ddl(schema)
     if spec.format == "json_schema":
         return json_schema.columns_ddl(schema)
     return protobuf.columns_ddl(schema, make_decoder("protobuf", dict(spec.format_options)))

@@ -11,7 +11,7 @@ import yaml
 
 from .errors import SpecError, SpecVersionError
 from .identifiers import check_ident, qualified
-from .decoders import CHANGE_FORMATS, DECODERS, REGISTRY_FORMATS
+from .decoders import CHANGE_FORMATS, DEBEZIUM_AVRO, FORMATS, REGISTRY_FORMATS
 from .decoders.registry import CLIENT_OPTIONS
 from .schema import METADATA, Column, parse_schema
 
@@ -45,7 +45,7 @@ class PipelineSpec:
     transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
     query: str | None = None  # or one Spark SQL query over the view `batch` (transform.py)
     measures: tuple[tuple[str, str], ...] = ()  # mode aggregate: (column, sum | min | max)
-    format: str = "json"  # a decoder of decoders.DECODERS
+    format: str = "json"  # a decoder of decoders.DECODERS (debezium_avro: format debezium with a registry)
     format_options: tuple[tuple[str, str], ...] = ()  # the decoder's settings
     metadata: tuple[str, ...] = ()  # Kafka metadata as columns: key, timestamp, headers (schema.METADATA)
     evolve: str = "none"  # none | additive: columns new to the spec are added to the target at commit
@@ -123,15 +123,18 @@ def parse_spec(doc: object) -> PipelineSpec:
         raise SpecError("source.topics lists a topic twice")
 
     fmt = source.get("format", "json")
-    if fmt not in DECODERS:
-        raise SpecError(f"source.format {fmt!r} is not supported (supported: {', '.join(DECODERS)})")
+    if fmt not in FORMATS:
+        raise SpecError(f"source.format {fmt!r} is not supported (supported: {', '.join(FORMATS)})")
     registry = _mapping(source.get("schema_registry", {}), "source.schema_registry", set(CLIENT_OPTIONS))
+    if fmt == "debezium" and "schema_registry" in source:
+        fmt = DEBEZIUM_AVRO  # Debezium through Confluent's AvroConverter: envelopes in the registry's wire format
     if fmt in REGISTRY_FORMATS:
         # Without `schema:` the columns come from the registry (registry.resolve_columns).
         columns = parse_schema(source["schema"]) if source.get("schema") is not None else ()
     else:
         if registry:
-            raise SpecError(f"source.schema_registry is only used by the registry formats ({', '.join(REGISTRY_FORMATS)})")
+            raise SpecError("source.schema_registry is only used by the registry formats (avro, protobuf, json_schema) "
+                            "and by debezium (whose events it then reads as AvroConverter's)")
         columns = parse_schema(_required(source, "schema", "source"))
     start = _choice(source.get("start", "earliest"), "source.start", ("earliest", "latest"))
     metadata = source.get("metadata", [])
@@ -162,7 +165,7 @@ def parse_spec(doc: object) -> PipelineSpec:
     if not isinstance(deletes, bool):
         raise SpecError(f"target.deletes must be true or false, got {deletes!r}")
     if (deletes or fmt in CHANGE_FORMATS) and mode != "upsert":
-        why = f"source.format {fmt}" if fmt in CHANGE_FORMATS else "target.deletes"
+        why = "source.format debezium" if fmt in CHANGE_FORMATS else "target.deletes"
         raise SpecError(f"{why} needs target.mode upsert with target.key (deletes remove the row of a key)")
     if (deletes or fmt in CHANGE_FORMATS) and query is not None:
         raise SpecError("transform: a query cannot see deletes; with source.format debezium or target.deletes "

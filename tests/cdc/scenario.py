@@ -51,6 +51,13 @@ TRANSACTIONS = [
 ]
 
 
+# Applied after TRANSACTIONS in the Avro capture (make_samples.py): a column added to the source table
+# mid-stream, then changes that carry it (Debezium registers a new value schema with the column).
+ADDED_COLUMN = "note TEXT"
+EVOLUTION = [("update", 1, {"note": "vip"}),
+             ("insert", {**row(9, "ivy", "9.90", True, None, None, None), "note": "new"})]
+
+
 @dataclass(frozen=True)
 class Expected:
     """One event Debezium must emit: its key id, op (None for a tombstone), before and after images."""
@@ -102,10 +109,25 @@ def expected_events(replica_identity_full: bool) -> list[Expected]:
     return out
 
 
-def final_rows() -> dict[int, dict]:
-    """The table's rows after every transaction, by id."""
+def evolution_events() -> list[Expected]:
+    """The events of EVOLUTION on the REPLICA IDENTITY FULL table, after expected_events(True)."""
+    state = {k: {**v, "note": None} for k, v in final_rows().items()}
+    out = []
+    for change in EVOLUTION:
+        if change[0] == "insert":
+            state[change[1]["id"]] = dict(change[1])
+            out.append(Expected(change[1]["id"], "c", None, dict(change[1]), len(TRANSACTIONS)))
+        else:
+            _, k, values = change
+            before, state[k] = state[k], {**state[k], **values}
+            out.append(Expected(k, "u", dict(before), dict(state[k]), len(TRANSACTIONS)))
+    return out
+
+
+def final_rows(evolved: bool = False) -> dict[int, dict]:
+    """The table's rows after every transaction (and, evolved, after EVOLUTION, with `note`), by id."""
     rows = {}
-    for e in expected_events(True):
+    for e in expected_events(True) + (evolution_events() if evolved else []):
         if e.op in ("r", "c", "u"):
             rows[e.key] = e.after
         elif e.op == "d":
@@ -123,9 +145,16 @@ def create_table(conn, table: str, replica_identity_full: bool) -> None:
             _insert(cur, table, r)
 
 
-def apply_transactions(conn, table: str) -> None:
-    """Run TRANSACTIONS against `table`, each in its own transaction."""
-    for changes in TRANSACTIONS:
+def apply_evolution(conn, table: str) -> None:
+    """Add ADDED_COLUMN to `table`, then run EVOLUTION in one transaction."""
+    with conn, conn.cursor() as cur:
+        cur.execute(f"ALTER TABLE {table} ADD COLUMN {ADDED_COLUMN}")
+    apply_transactions(conn, table, [EVOLUTION])
+
+
+def apply_transactions(conn, table: str, transactions: list[list[tuple]] = TRANSACTIONS) -> None:
+    """Run `transactions` against `table`, each in its own transaction."""
+    for changes in transactions:
         with conn, conn.cursor() as cur:
             for change in changes:
                 if change[0] == "insert":
@@ -141,8 +170,7 @@ def apply_transactions(conn, table: str) -> None:
 
 
 def _insert(cur, table, r):
-    cur.execute(f"INSERT INTO {table} ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))})",
-                [r[c] for c in COLUMNS])
+    cur.execute(f"INSERT INTO {table} ({', '.join(r)}) VALUES ({', '.join(['%s'] * len(r))})", list(r.values()))
 
 
 def read_table(conn, table: str) -> dict[int, dict]:
@@ -153,12 +181,12 @@ def read_table(conn, table: str) -> dict[int, dict]:
 
 def as_text(image: dict | None) -> dict | None:
     """A row image in the samples' canonical text form: decimals as strings ("10.50"), TIMESTAMP as
-    "YYYY-MM-DDTHH:MM:SS[.ffffff]", DATE as "YYYY-MM-DD", TIMESTAMPTZ in UTC as "...+00:00"; NULL as null."""
+    "YYYY-MM-DDTHH:MM:SS[.ffffff]", DATE as "YYYY-MM-DD", TIMESTAMPTZ in UTC as "...+00:00"; NULL as null.
+    Columns in the image's order (COLUMNS, then `note` after EVOLUTION)."""
     if image is None:
         return None
     out = {}
-    for c in COLUMNS:
-        v = image[c]
+    for c, v in image.items():
         if isinstance(v, Decimal):
             v = str(v)
         elif isinstance(v, datetime):

@@ -11,7 +11,8 @@ from ledgerbatch.decoders.registry import RegistryUnavailable
 from ledgerbatch.parse import parse_value
 from ledgerbatch.schema import parse_schema
 
-from ..serde import (ORDER, ORDER_COLUMNS, ORDER_ROW, avro_encoder, json_schema_encoder, protobuf_encoder)
+from ..serde import (ORDER, ORDER_COLUMNS, ORDER_ROW, avro_encoder, debezium_avro_encoder, json_schema_encoder,
+                     protobuf_encoder)
 
 COLUMNS = parse_schema(ORDER_COLUMNS)
 CONVERTERS = [converter(c) for c in COLUMNS]
@@ -155,52 +156,15 @@ class TestDebezium(DecoderContract):
             return json.dumps(envelope, default=str).encode()
         return make_decoder("debezium"), encode
 
-    SAMPLE_COLUMNS = parse_schema("id INT, owner STRING, balance DECIMAL(12,2), active BOOLEAN, updated TIMESTAMP, "
-                                  "opened DATE, seen TIMESTAMP")
-
     @pytest.mark.parametrize("sample", ["schemas-precise", "schemas-string", "noschemas-string", "noschemas-precise"])
     def test_real_samples(self, sample):
-        """Each captured event decodes to its change: c/r/u the image `after`, d the key, a tombstone skipped.
-        Without the schema block, epoch dates and timestamps (and `precise` decimals) have no meaning to
+        """Without the schema block, epoch dates and timestamps (and `precise` decimals) have no meaning to
         decode them by: they are bad records that say so; everything else decodes the same."""
-        import datetime as dt
-        from decimal import Decimal
-
-        from ledgerbatch.decoders import DELETE, SKIP, UPSERT
         from tests.cdc.test_samples import load
 
-        decoder = make_decoder("debezium")
-        converters = {c.name: converter(c) for c in self.SAMPLE_COLUMNS}
         opaque = set() if sample.startswith("schemas") else {"updated", "opened"} | (
             {"balance"} if sample.endswith("precise") else set())
-        ops = []
-        for line in load(f"{sample}.jsonl"):
-            change, fields = decoder.decode_change(line["key"], line["value"])
-            ops.append(change)
-            if line["op"] is None:
-                assert change == SKIP
-                continue
-            if line["op"] == "d":
-                assert change == DELETE and fields["id"] == line["expect_key"]["id"]
-                continue
-            assert change == UPSERT
-            want = line["expect_after"]
-            for name, convert in converters.items():
-                if name in opaque and fields[name] is not None:
-                    with pytest.raises(BadValue):
-                        convert(fields[name])
-                    continue
-                got = None if fields[name] is None else convert(fields[name])
-                expected = want[name]
-                if expected is not None and name == "balance":
-                    expected = Decimal(expected)
-                elif expected is not None and name in ("updated", "seen"):
-                    expected = dt.datetime.fromisoformat(expected)
-                    expected = expected.replace(tzinfo=dt.timezone.utc) if expected.tzinfo is None else expected
-                elif expected is not None and name == "opened":
-                    expected = dt.date.fromisoformat(expected)
-                assert got == expected, (line["offset"], name, fields[name])
-        assert {UPSERT, DELETE, SKIP} <= set(ops)
+        check_samples(make_decoder("debezium"), load(f"{sample}.jsonl"), opaque)
 
     def test_delete_without_before_takes_the_kafka_key(self, codec):
         from ledgerbatch.decoders import DELETE
@@ -222,9 +186,7 @@ class TestDebezium(DecoderContract):
 
     def test_time_encodings_named_by_the_schema_block(self):
         import base64
-        import datetime as dt
         import json
-        from decimal import Decimal
 
         fields = [{"field": "ts_ms", "type": "int64", "name": "io.debezium.time.Timestamp"},
                   {"field": "ts_ns", "type": "int64", "name": "io.debezium.time.NanoTimestamp"},
@@ -233,17 +195,154 @@ class TestDebezium(DecoderContract):
                   {"field": "amount", "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
                    "parameters": {"scale": "3"}},
                   {"field": "z", "type": "string", "name": "io.debezium.time.ZonedTimestamp"}]
-        after = {"ts_ms": -1, "ts_ns": 1_500_000_001, "t_us": 3_723_000_004, "d": 1,
-                 "amount": base64.b64encode((-12345).to_bytes(2, "big", signed=True)).decode(), "z": "2026-01-01T00:00:00Z"}
+        after = {**SEMANTIC_AFTER, "amount": base64.b64encode((-12345).to_bytes(2, "big", signed=True)).decode()}
         value = {"schema": {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": fields}]},
                  "payload": {"before": None, "after": after, "op": "u"}}
         _, got = make_decoder("debezium").decode_change(None, json.dumps(value).encode())
-        assert got["ts_ms"] == dt.datetime(1969, 12, 31, 23, 59, 59, 999000)
-        assert got["ts_ns"] == dt.datetime(1970, 1, 1, 0, 0, 1, 500000)
-        assert got["t_us"] == dt.time(1, 2, 3, 4)
-        assert got["d"] == dt.date(1970, 1, 2)
-        assert got["amount"] == Decimal("-12.345")
-        assert got["z"] == "2026-01-01T00:00:00Z"
+        check_semantic(got)
+
+
+# A row image of the semantic types Debezium writes (the `precise` decimal `amount` as each converter has it),
+# and what each field decodes to.
+SEMANTIC_AFTER = {"ts_ms": -1, "ts_ns": 1_500_000_001, "t_us": 3_723_000_004, "d": 1, "z": "2026-01-01T00:00:00Z"}
+
+
+def check_semantic(got: dict) -> None:
+    import datetime as dt
+    from decimal import Decimal
+
+    assert got["ts_ms"] == dt.datetime(1969, 12, 31, 23, 59, 59, 999000)
+    assert got["ts_ns"] == dt.datetime(1970, 1, 1, 0, 0, 1, 500000)
+    assert got["t_us"] == dt.time(1, 2, 3, 4)
+    assert got["d"] == dt.date(1970, 1, 2)
+    assert got["amount"] == Decimal("-12.345")
+    assert got["z"] == "2026-01-01T00:00:00Z"
+
+
+SAMPLE_COLUMNS = parse_schema("id INT, owner STRING, balance DECIMAL(12,2), active BOOLEAN, updated TIMESTAMP, "
+                              "opened DATE, seen TIMESTAMP")
+
+
+def check_samples(decoder, lines: list[dict], opaque: set[str]) -> None:
+    """Each captured event (tests/cdc/samples/) decodes to its change: c/r/u the image `after` (the columns
+    in `opaque` refused by their converter), d the key, a tombstone skipped."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from ledgerbatch.decoders import DELETE, SKIP, UPSERT
+
+    converters = {c.name: converter(c) for c in SAMPLE_COLUMNS}
+    ops = []
+    for line in lines:
+        change, fields = decoder.decode_change(line["key"], line["value"])
+        ops.append(change)
+        if line["op"] is None:
+            assert change == SKIP
+            continue
+        if line["op"] == "d":
+            assert change == DELETE and fields["id"] == line["expect_key"]["id"]
+            continue
+        assert change == UPSERT
+        want = line["expect_after"]
+        for name, convert in converters.items():
+            if name in opaque and fields[name] is not None:
+                with pytest.raises(BadValue):
+                    convert(fields[name])
+                continue
+            got = None if fields[name] is None else convert(fields[name])
+            expected = want[name]
+            if expected is not None and name == "balance":
+                expected = Decimal(expected)
+            elif expected is not None and name in ("updated", "seen"):
+                expected = dt.datetime.fromisoformat(expected)
+                expected = expected.replace(tzinfo=dt.timezone.utc) if expected.tzinfo is None else expected
+            elif expected is not None and name == "opened":
+                expected = dt.date.fromisoformat(expected)
+            assert got == expected, (line["offset"], name, fields[name])
+        assert fields.get("note") == want.get("note")  # the column the Avro capture's source table gained
+    assert {UPSERT, DELETE, SKIP} <= set(ops)
+
+
+class TestDebeziumAvro(RegistryDecoderContract):
+    """Debezium envelopes through Confluent's AvroConverter (`format: debezium` with a registry): an order as
+    the row image `after`; plus the real captured AvroConverter events (tests/cdc/samples/avro-precise.jsonl)."""
+    __test__ = True
+    FORMAT = "debezium_avro"
+    EXTRA_LOOKUPS = 0
+    encoder = staticmethod(debezium_avro_encoder)
+
+    def test_real_samples(self, registry):
+        from tests.cdc.avro_samples import load_avro
+
+        check_samples(make_decoder(self.FORMAT, {"url": registry.url}), load_avro(registry.url), set())
+
+    def test_delete_without_before_takes_the_avro_key(self, registry):
+        from ledgerbatch.decoders import DELETE
+        from tests.cdc.avro_samples import edited, load_avro
+
+        decoder = make_decoder(self.FORMAT, {"url": registry.url})
+        delete = next(x for x in load_avro(registry.url) if x["op"] == "d")
+        value = edited(registry.url, delete["value"], before=None)  # as under REPLICA IDENTITY NOTHING
+        assert decoder.decode_change(delete["key"], value) == (DELETE, delete["expect_key"])
+        with pytest.raises(BadValue, match="without a Kafka key"):
+            decoder.decode_change(None, value)
+        with pytest.raises(BadValue, match="^key: value is not in the Confluent wire format"):
+            decoder.decode_change(b'{"id": 1}', value)
+
+    def test_other_ops_are_bad(self, registry):
+        from tests.cdc.avro_samples import edited, load_avro
+
+        decoder = make_decoder(self.FORMAT, {"url": registry.url})
+        created = next(x for x in load_avro(registry.url) if x["op"] == "c")
+        with pytest.raises(BadValue, match="op 't' is not a row change"):
+            decoder.decode_change(None, edited(registry.url, created["value"], op="t"))
+        with pytest.raises(BadValue, match="after is null"):
+            decoder.decode_change(None, edited(registry.url, created["value"], after=None))
+        with pytest.raises(BadValue, match="value is an Avro str, not a record"):
+            decoder.decode(avro_encoder(registry.url, "contract_debezium_avro_str", {"type": "string"})("c"))
+
+    def test_semantic_types_as_avroconverter_writes_them(self, registry):
+        """Debezium's own types are plain int/long with `connect.name`; Connect's Decimal, Date and Timestamp
+        carry an Avro logicalType too (fastavro decodes those, and they are not decoded twice);
+        VariableScaleDecimal is a record of scale and unscaled bytes."""
+        import datetime as dt
+        import json
+        from decimal import Decimal
+
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+
+        from ..serde import client, context, debezium_avro_envelope
+
+        def semantic(avro_type: str, name: str, **more):
+            return ["null", {"type": avro_type, "connect.version": 1, "connect.name": name, **more}]
+        value = {"type": "record", "name": "Value", "namespace": "shop.public.kinds", "fields": [
+            {"name": "ts_ms", "type": semantic("long", "io.debezium.time.Timestamp"), "default": None},
+            {"name": "ts_ns", "type": semantic("long", "io.debezium.time.NanoTimestamp"), "default": None},
+            {"name": "t_us", "type": semantic("long", "io.debezium.time.MicroTime"), "default": None},
+            {"name": "d", "type": semantic("int", "io.debezium.time.Date"), "default": None},
+            {"name": "amount", "type": semantic("bytes", "org.apache.kafka.connect.data.Decimal", scale=3, precision=10,
+                                                **{"connect.parameters": {"scale": "3", "connect.decimal.precision": "10"},
+                                                   "logicalType": "decimal"}), "default": None},
+            {"name": "z", "type": semantic("string", "io.debezium.time.ZonedTimestamp"), "default": None},
+            {"name": "c_ts", "type": semantic("long", "org.apache.kafka.connect.data.Timestamp",
+                                              logicalType="timestamp-millis"), "default": None},
+            {"name": "c_date", "type": semantic("int", "org.apache.kafka.connect.data.Date", logicalType="date"),
+             "default": None},
+            {"name": "vsd", "type": ["null", {"type": "record", "name": "VariableScaleDecimal",
+                                              "namespace": "io.debezium.data", "fields": [
+                                                  {"name": "scale", "type": "int"}, {"name": "value", "type": "bytes"}],
+                                              "connect.doc": "Variable scaled decimal", "connect.version": 1,
+                                              "connect.name": "io.debezium.data.VariableScaleDecimal"}], "default": None},
+        ]}
+        serialize = AvroSerializer(client(registry.url), json.dumps(debezium_avro_envelope(value)))
+        after = {**SEMANTIC_AFTER, "amount": Decimal("-12.345"), "c_ts": dt.datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=dt.timezone.utc),
+                 "c_date": dt.date(1969, 12, 31), "vsd": {"scale": 4, "value": (-1).to_bytes(1, "big", signed=True)}}
+        raw = serialize({"before": None, "after": after, "op": "r"}, context("contract_debezium_avro_kinds"))
+        _, got = make_decoder(self.FORMAT, {"url": registry.url}).decode_change(None, raw)
+        check_semantic(got)
+        assert got["c_ts"] == dt.datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=dt.timezone.utc)
+        assert got["c_date"] == dt.date(1969, 12, 31)
+        assert got["vsd"] == Decimal("-0.0001")
 
 
 def test_tombstones_delete_by_key_with_target_deletes():

@@ -16,6 +16,7 @@ UPSERT, DELETE, SKIP = "u", "d", "s"
 
 from .avro import AvroDecoder  # noqa: E402 - the change kinds above come first (debezium.py imports them)
 from .debezium import DebeziumDecoder  # noqa: E402
+from .debezium_avro import DebeziumAvroDecoder  # noqa: E402
 from .json import JsonDecoder  # noqa: E402
 from .json_schema import JsonSchemaDecoder
 from .protobuf import ProtobufDecoder
@@ -35,10 +36,14 @@ class ChangeDecoder(Protocol):
     def decode_change(self, key: bytes | None, raw: bytes | None) -> tuple[str, Mapping[str, object]]: ...
 
 
+# `format: debezium` with `source.schema_registry` (spec.py): AvroConverter's envelopes, a decoder of their own.
+DEBEZIUM_AVRO = "debezium_avro"
 DECODERS: dict[str, type[Decoder]] = {"json": JsonDecoder, "avro": AvroDecoder, "protobuf": ProtobufDecoder,
-                                      "json_schema": JsonSchemaDecoder, "debezium": DebeziumDecoder}
-REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
-CHANGE_FORMATS = ("debezium",)  # every record is a change (ChangeDecoder)
+                                      "json_schema": JsonSchemaDecoder, "debezium": DebeziumDecoder,
+                                      DEBEZIUM_AVRO: DebeziumAvroDecoder}
+FORMATS = tuple(f for f in DECODERS if f != DEBEZIUM_AVRO)  # what source.format may say
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema", DEBEZIUM_AVRO)
+CHANGE_FORMATS = ("debezium", DEBEZIUM_AVRO)  # every record is a change (ChangeDecoder)
 
 
 def make_decoder(fmt: str, options: dict | None = None) -> Decoder:

@@ -9,22 +9,26 @@ the decoding itself (measured: docs/format-avro.md).
 from __future__ import annotations
 
 from ..convert import BadValue
-from .registry import WRITER_SCHEMA_ONLY, decode_framed, registry_client
+from .registry import WRITER_SCHEMA_ONLY, decode_framed, registry_client, schema_id
 
 
-class AvroDecoder:
+class WriterSchemas:
+    """Reads wire-format values with their writer schemas: each schema fetched (by id) and parsed once."""
+
     def __init__(self, options: dict):
         from confluent_kafka.schema_registry.avro import AvroDeserializer
 
         self._client = registry_client(options)
         self._resolver = AvroDeserializer(self._client, conf=WRITER_SCHEMA_ONLY)
-        self._writers = {}  # schema id -> parsed writer schema; no reader schema, so fields come and go freely
+        self._parsed = {}  # schema id -> parsed writer schema; no reader schema, so fields come and go freely
 
-    def decode(self, raw: bytes | None) -> dict:
-        record = decode_framed(raw, self._read)
-        if not isinstance(record, dict):
-            raise BadValue(f"value is an Avro {type(record).__name__}, not a record")
-        return record
+    def read(self, raw: bytes | None) -> tuple[object, int]:
+        """(the datum, its writer schema id); a bad value raises BadValue, an outage RegistryUnavailable."""
+        return decode_framed(raw, self._read), schema_id(raw)
+
+    def text(self, sid: int) -> str:
+        """The writer schema's JSON text (from the client's cache once read)."""
+        return self._client.get_schema(sid).schema_str
 
     def _read(self, raw: bytes):
         from confluent_kafka.schema_registry import dual_schema_id_deserializer
@@ -34,10 +38,21 @@ class AvroDecoder:
 
         sid = SchemaId(AVRO_TYPE)
         payload = dual_schema_id_deserializer(raw, None, sid)
-        writer = self._writers.get(sid.id)
+        writer = self._parsed.get(sid.id)
         if writer is None:
-            writer = self._writers[sid.id] = self._resolver._get_parsed_schema(self._client.get_schema(sid.id))
+            writer = self._parsed[sid.id] = self._resolver._get_parsed_schema(self._client.get_schema(sid.id))
         return schemaless_reader(payload, writer, None)
+
+
+class AvroDecoder:
+    def __init__(self, options: dict):
+        self._writers = WriterSchemas(options)
+
+    def decode(self, raw: bytes | None) -> dict:
+        record, _ = self._writers.read(raw)
+        if not isinstance(record, dict):
+            raise BadValue(f"value is an Avro {type(record).__name__}, not a record")
+        return record
 
 
 _PRIMITIVES = {"string": "STRING", "int": "INT", "long": "BIGINT", "float": "FLOAT", "double": "DOUBLE",
@@ -54,13 +69,14 @@ def columns_ddl(schema) -> str:
     record = json.loads(schema.schema_str)
     if not isinstance(record, dict) or record.get("type") != "record":
         raise ValueError("the subject's latest Avro schema is not a record")
-    return ", ".join(f"{f['name']} {_type(f['type'])}" for f in record["fields"])
+    return ", ".join(f"{f['name']} {spark_type(f['type'])}" for f in record["fields"])
 
 
-def _type(t) -> str:
+def spark_type(t) -> str:
+    """The spec type of an Avro type (a name, a union or a type object)."""
     if isinstance(t, list):  # a union: ["null", X] is a nullable X, anything wider a VARIANT
         branches = [b for b in t if b != "null"]
-        return _type(branches[0]) if len(branches) == 1 else "VARIANT"
+        return spark_type(branches[0]) if len(branches) == 1 else "VARIANT"
     if isinstance(t, str):
         return _PRIMITIVES.get(t, "VARIANT")  # a named type defined elsewhere in the schema
     logical = t.get("logicalType")
@@ -70,9 +86,9 @@ def _type(t) -> str:
         return _LOGICAL[logical]
     kind = t["type"]
     if kind == "record":
-        return "STRUCT<" + ", ".join(f"{f['name']}: {_type(f['type'])}" for f in t["fields"]) + ">"
+        return "STRUCT<" + ", ".join(f"{f['name']}: {spark_type(f['type'])}" for f in t["fields"]) + ">"
     if kind == "array":
-        return f"ARRAY<{_type(t['items'])}>"
+        return f"ARRAY<{spark_type(t['items'])}>"
     if kind == "map":
-        return f"MAP<STRING, {_type(t['values'])}>"
-    return _type(kind)
+        return f"MAP<STRING, {spark_type(t['values'])}>"
+    return spark_type(kind)

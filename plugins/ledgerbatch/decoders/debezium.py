@@ -1,5 +1,6 @@
 """`format: debezium`: Debezium change events as Kafka Connect's JsonConverter writes them, with or without
-the `schema`/`payload` block (`converter.schemas.enable`).
+the `schema`/`payload` block (`converter.schemas.enable`); `ChangeEvents` is the envelope logic that
+Confluent's AvroConverter's events share (debezium_avro.py).
 
 A change is (what it does, the fields it carries) (`decode_change`):
 
@@ -21,6 +22,7 @@ import base64
 import binascii
 import datetime as dt
 from decimal import Decimal
+from typing import Callable
 
 from ..convert import BadValue
 from . import DELETE, SKIP, UPSERT
@@ -28,21 +30,28 @@ from .json import JsonDecoder
 
 _EPOCH = dt.datetime(1970, 1, 1)
 _DAY = dt.date(1970, 1, 1)
-_TIMESTAMPS = {"io.debezium.time.Timestamp": 1_000, "org.apache.kafka.connect.data.Timestamp": 1_000,
+TIMESTAMPS = {"io.debezium.time.Timestamp": 1_000, "org.apache.kafka.connect.data.Timestamp": 1_000,
                "io.debezium.time.MicroTimestamp": 1_000_000, "io.debezium.time.NanoTimestamp": 1_000_000_000}
-_TIMES = {"io.debezium.time.Time": 1_000, "org.apache.kafka.connect.data.Time": 1_000,
+TIMES = {"io.debezium.time.Time": 1_000, "org.apache.kafka.connect.data.Time": 1_000,
           "io.debezium.time.MicroTime": 1_000_000, "io.debezium.time.NanoTime": 1_000_000_000}
-_DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
-_VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 _OPS = {"c": UPSERT, "r": UPSERT, "u": UPSERT, "d": DELETE}
 
 
-class DebeziumDecoder:
-    """Takes no options: the envelope, and its schema block when there is one, describe each value."""
+class ChangeEvents:
+    """The envelope logic every Debezium converter shares; a subclass says how it reads a value and a key.
 
-    def __init__(self, options: dict):
-        self._json = JsonDecoder({})
+    `_envelope(raw)` gives the envelope and, per row image (`before`, `after`), the semantic types of its
+    fields; `_key(key)` the key's fields and theirs. Field descriptions have Kafka Connect's shape
+    (`name`: the semantic type, `type`, `parameters`), which `decode_image` decodes by."""
+
+    def _envelope(self, raw: bytes) -> tuple[dict, Callable[[str], dict[str, dict]]]:
+        raise NotImplementedError
+
+    def _key(self, key: bytes) -> tuple[dict, dict[str, dict]]:
+        raise NotImplementedError
 
     def decode(self, raw: bytes | None) -> dict:
         """The row image of an upsert; a delete or a tombstone is not a row (decode_change says what it is)."""
@@ -56,7 +65,7 @@ class DebeziumDecoder:
     def decode_change(self, key: bytes | None, raw: bytes | None) -> tuple[str, dict]:
         if raw is None:
             return SKIP, {}  # the tombstone after a delete: the delete itself came just before
-        envelope, schema = _unwrap(self._json.decode(raw))
+        envelope, fields_of = self._envelope(raw)
         op = envelope.get("op")
         if op not in _OPS:
             if op is None:
@@ -68,17 +77,33 @@ class DebeziumDecoder:
             return DELETE, self.decode_key(key)
         if not isinstance(image, dict):
             raise BadValue(f"Debezium op {op!r}: {image_name} is {'null' if image is None else 'not an object'}")
-        return _OPS[op], decode_image(image, _fields(schema, image_name))
+        return _OPS[op], decode_image(image, fields_of(image_name))
 
     def decode_key(self, key: bytes | None) -> dict:
-        """The key's fields: Debezium's key is a JSON struct of the primary key columns."""
+        """The key's fields: Debezium's key is a struct of the primary key columns."""
         if key is None:
             raise BadValue("a Debezium delete without `before` and without a Kafka key: no key to delete")
         try:
-            doc, schema = _unwrap(self._json.decode(key))
+            doc, fields = self._key(key)
         except BadValue as exc:
             raise BadValue(f"key: {exc}") from None
-        return decode_image(doc, _fields(schema, None))
+        return decode_image(doc, fields)
+
+
+class DebeziumDecoder(ChangeEvents):
+    """JsonConverter's envelopes. Takes no options: the envelope, and its schema block when there is one,
+    describe each value."""
+
+    def __init__(self, options: dict):
+        self._json = JsonDecoder({})
+
+    def _envelope(self, raw: bytes) -> tuple[dict, Callable[[str], dict[str, dict]]]:
+        envelope, schema = _unwrap(self._json.decode(raw))
+        return envelope, lambda image_name: _fields(schema, image_name)
+
+    def _key(self, key: bytes) -> tuple[dict, dict[str, dict]]:
+        doc, schema = _unwrap(self._json.decode(key))
+        return doc, _fields(schema, None)
 
 
 def _unwrap(doc: dict) -> tuple[dict, dict | None]:
@@ -115,20 +140,20 @@ def decode_image(image: dict, fields: dict[str, dict]) -> dict:
 
 def _logical(field: dict, value):
     semantic = field["name"]
-    if semantic in _TIMESTAMPS:
-        per_second = _TIMESTAMPS[semantic]
+    if semantic in TIMESTAMPS:
+        per_second = TIMESTAMPS[semantic]
         return _EPOCH + dt.timedelta(seconds=_integer(value, semantic) // per_second,
                                      microseconds=(value % per_second) * 1_000_000 // per_second)
-    if semantic in _DATES:
+    if semantic in DATES:
         return _DAY + dt.timedelta(days=_integer(value, semantic))
-    if semantic in _TIMES:
-        per_second = _TIMES[semantic]
+    if semantic in TIMES:
+        per_second = TIMES[semantic]
         micros = _integer(value, semantic) * 1_000_000 // per_second
         return (dt.datetime.min + dt.timedelta(microseconds=micros)).time()
     if semantic == _DECIMAL and isinstance(value, str) and field.get("type") == "bytes":
         scale = int((field.get("parameters") or {}).get("scale", 0))
         return _unscaled(value, scale)
-    if semantic == _VARIABLE_DECIMAL and isinstance(value, dict):
+    if semantic == VARIABLE_DECIMAL and isinstance(value, dict):
         return _unscaled(value.get("value"), _integer(value.get("scale"), semantic))
     return value
 
@@ -139,12 +164,14 @@ def _integer(value, semantic: str) -> int:
     return value
 
 
-def _unscaled(text, scale: int) -> Decimal:
-    """Debezium's `precise` decimal: base64 of the unscaled value, big-endian two's complement."""
-    if not isinstance(text, str):
-        raise BadValue(f"expected a base64 decimal, got {text!r}")
-    try:
-        unscaled = int.from_bytes(base64.b64decode(text, validate=True), "big", signed=True)
-    except (binascii.Error, ValueError):
-        raise BadValue(f"{text!r} is not a base64 decimal") from None
-    return Decimal(unscaled).scaleb(-scale)
+def _unscaled(data, scale: int) -> Decimal:
+    """Debezium's `precise` decimal: the unscaled value, big-endian two's complement (base64 text in JSON,
+    bytes in Avro)."""
+    if isinstance(data, str):
+        try:
+            data = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadValue(f"{data!r} is not a base64 decimal") from None
+    if not isinstance(data, bytes):
+        raise BadValue(f"expected a base64 decimal, got {data!r}")
+    return Decimal(int.from_bytes(data, "big", signed=True)).scaleb(-scale)
