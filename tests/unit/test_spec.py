@@ -63,6 +63,13 @@ def test_design_minimal_spec_is_accepted():
     ({"source__format": "debezium", "target__mode": "upsert", "target__key": ["order_id"],
       "transform": "SELECT * FROM batch"}, "a query cannot see deletes"),
     ({"target__table": "ledger_deletes.orders"}, "schema 'ledger_deletes' belongs to ledgerbatch"),
+    ({"source__schema_registry": {"url": "http://r"}}, "only used by the registry formats (avro, protobuf, json_schema) "
+                                                       "and by debezium"),
+    ({"source__format": "debezium_avro"}, "source.format 'debezium_avro' is not supported"),
+    ({"source__format": "debezium", "source__schema_registry": {"url": "http://r"}},
+     "source.format debezium needs target.mode upsert"),
+    ({"source__format": "debezium", "source__schema_registry": None, "target__mode": "upsert",
+      "target__key": ["order_id"]}, "source.schema_registry must be a mapping"),
 ])
 def test_bad_specs_get_clear_errors(changes, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
@@ -84,3 +91,20 @@ def test_change_pipelines():
     plain = parse_spec(spec_with(target__mode="upsert", target__key=["order_id"]))
     assert cdc.changes and deletes.changes and not plain.changes and not parse_spec(MINIMAL).changes
     assert cdc.version != plain.version != deletes.version  # every spec text has its version
+
+
+def test_debezium_with_a_registry_reads_avroconverter_events():
+    """`format: debezium` with `source.schema_registry` (even empty: the deployment's registry) is Debezium
+    through Confluent's AvroConverter: a registry format (evolve additive by default, `schema:` optional);
+    without it, JsonConverter's envelopes as before (evolve none, `schema:` required)."""
+    cdc = {"source__format": "debezium", "target__mode": "upsert", "target__key": ["order_id"]}
+    json_cdc = parse_spec(spec_with(**cdc))
+    avro_cdc = parse_spec(spec_with(**cdc, source__schema_registry={}))
+    schemaless = parse_spec(spec_with(**cdc, source={"topics": ["orders"], "format": "debezium",
+                                                     "schema_registry": {"url": "http://r", "timeout": 5}}))
+    assert (json_cdc.format, json_cdc.evolve, avro_cdc.format, avro_cdc.evolve) == ("debezium", "none", "debezium_avro",
+                                                                                    "additive")
+    assert avro_cdc.changes and schemaless.columns == () and schemaless.format_options == (("timeout", "5"),
+                                                                                          ("url", "http://r"))
+    with pytest.raises(SpecError, match="missing required key 'schema'"):
+        parse_spec(spec_with(**cdc, source={"topics": ["orders"], "format": "debezium"}))
