@@ -108,3 +108,14 @@ def test_debezium_with_a_registry_reads_avroconverter_events():
                                                                                           ("url", "http://r"))
     with pytest.raises(SpecError, match="missing required key 'schema'"):
         parse_spec(spec_with(**cdc, source={"topics": ["orders"], "format": "debezium"}))
+
+
+def test_avro_debezium_without_a_registry_url_is_refused_at_load():
+    from ledgerbatch.errors import ConfigError
+    from ledgerbatch.registry import with_registry
+
+    spec = parse_spec(spec_with(source__format="debezium", source__schema_registry={}, target__mode="upsert",
+                                target__key=["order_id"]))
+    with pytest.raises(ConfigError, match="format debezium with source.schema_registry needs a schema registry url"):
+        with_registry(spec, {})
+    assert dict(with_registry(spec, {"url": "http://r"}).format_options) == {"url": "http://r"}

@@ -31,9 +31,9 @@ from .json import JsonDecoder
 _EPOCH = dt.datetime(1970, 1, 1)
 _DAY = dt.date(1970, 1, 1)
 TIMESTAMPS = {"io.debezium.time.Timestamp": 1_000, "org.apache.kafka.connect.data.Timestamp": 1_000,
-               "io.debezium.time.MicroTimestamp": 1_000_000, "io.debezium.time.NanoTimestamp": 1_000_000_000}
+              "io.debezium.time.MicroTimestamp": 1_000_000, "io.debezium.time.NanoTimestamp": 1_000_000_000}
 TIMES = {"io.debezium.time.Time": 1_000, "org.apache.kafka.connect.data.Time": 1_000,
-          "io.debezium.time.MicroTime": 1_000_000, "io.debezium.time.NanoTime": 1_000_000_000}
+         "io.debezium.time.MicroTime": 1_000_000, "io.debezium.time.NanoTime": 1_000_000_000}
 DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
