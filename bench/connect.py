@@ -18,7 +18,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -45,6 +44,8 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from . import floor  # noqa: E402
+from ledgerbatch.processes import stop_group  # noqa: E402
+
 from .common import BIN, DB_PREFIX, SERVER_URL, DevBrokerProcess, check_retained, child_env, count_rows, fresh_database  # noqa: E402
 from .lb import write_spec  # noqa: E402
 
@@ -79,12 +80,7 @@ class ConnectServer:
             raise RuntimeError("the Spark Connect server did not start")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc)
 
 
 def connections(db_url: str, bootstrap: str, remote: str | None) -> None:

@@ -288,7 +288,7 @@ def cmd_dev_registry(args, settings: Settings) -> None:
 
 
 def cmd_spark_server(args, settings: Settings) -> int:
-    from .sparksession import serve_connect
+    from .connect_server import serve_connect
 
     return serve_connect(args.port, args.host, args.master)
 

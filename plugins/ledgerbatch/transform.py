@@ -30,9 +30,14 @@ def batch_view(parsed, spec: PipelineSpec):
 
 
 def run_query(spark, parsed, spec: PipelineSpec):
-    """The spec's query over `parsed` (rows in parse.staged_struct's shape) as a DataFrame."""
-    batch_view(parsed, spec).createOrReplaceTempView(VIEW)
-    return spark.sql(spec.query)
+    """The spec's query over `parsed` (rows in parse.staged_struct's shape) as a DataFrame.
+
+    `batch` is bound inside the statement (a CTE over a DataFrame argument), not as a session temp view: two
+    batches in one session (a kept Spark Connect session, a zombie attempt beside its successor) never read
+    each other's rows. Braces are doubled because PySpark formats the statement for the argument."""
+    query = spec.query.strip().rstrip(";").replace("{", "{{").replace("}", "}}")
+    return spark.sql(f"WITH {VIEW} AS (SELECT * FROM {{batch_rows}})\nSELECT * FROM (\n{query}\n)",
+                     batch_rows=batch_view(parsed, spec))
 
 
 def output_columns(spark, spec: PipelineSpec) -> tuple[Column, ...]:

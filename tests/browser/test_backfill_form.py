@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from ledgerbatch.processes import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -82,12 +82,7 @@ def airflow_ui(tmp_path_factory):
             time.sleep(0.5)
         yield base
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server, 20)
         log.close()
 
 

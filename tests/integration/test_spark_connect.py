@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -51,12 +50,9 @@ def connect_server():
         assert url == f"sc://127.0.0.1:{port}", "spark-server printed no sc:// URL"
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        from ledgerbatch.processes import stop_group
+
+        stop_group(proc)
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +67,7 @@ def classic_sessions_unaffected():
 
 @pytest.fixture
 def connect_spark(connect_server):
-    from ledgerbatch.sparksession import connect_spark
+    from ledgerbatch.connect import connect_spark
 
     with connect_spark(connect_server, "ledgerbatch-connect-tests") as spark:
         yield spark
@@ -94,6 +90,61 @@ def test_a_connect_session_ships_the_package_and_knows_its_parallelism(connect_s
     paths = connect_spark.range(0, 2, 1, 2).mapInArrow(_import_path, StructType([StructField("path", StringType())]))
     for row in paths.collect():  # the server's workers import this client's package from the session's artifact
         assert row.path.endswith("ledgerbatch.zip/ledgerbatch/__init__.py"), row.path
+
+
+def _pids(spark) -> set[int]:
+    """The process ids of the Python workers that ran two tasks."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    def _worker_pids(batches):  # defined here: pickled by value, like _import_path
+        import pyarrow as pa
+
+        for _ in batches:
+            yield pa.RecordBatch.from_pylist([{"pid": os.getpid()}], schema=pa.schema([("pid", pa.int64())]))
+
+    return {r.pid for r in spark.range(0, 2, 1, 2).mapInArrow(_worker_pids, StructType([StructField("pid", LongType())])).collect()}
+
+
+def test_a_kept_session_outlives_its_client_and_keeps_the_workers_warm(connect_server):
+    """What the process task of a live batch does on each DAG run: attach to the pipeline's kept session. The
+    second client finds the package, the sources and the parallelism there, and the same Python workers."""
+    from ledgerbatch.connect import connect_spark, kept_session_id
+
+    name = f"live:kept-{time.monotonic_ns()}"
+    with connect_spark(connect_server, "first", keep=name) as spark:
+        first = (spark.session_id, _pids(spark))
+        assert spark.conf.get("ledgerbatch.prepared") and spark.conf.get("ledgerbatch.default_parallelism", None) is None
+        from ledgerbatch.sparksession import default_parallelism
+
+        assert default_parallelism(spark) == 2
+    with connect_spark(connect_server, "second", keep=name) as spark:
+        assert spark.session_id == first[0] == kept_session_id(name, 0)
+        assert spark.conf.get("ledgerbatch.default_parallelism") == "2"  # found by the first client
+        assert _pids(spark) & first[1], "the second client's tasks ran in new Python workers"
+        spark.stop()  # released on the server (what its idle timeout does): the id cannot be attached again
+    with connect_spark(connect_server, "third", keep=name) as spark:
+        assert spark.session_id == kept_session_id(name, 1)  # the next generation, prepared afresh
+        assert _pids(spark)
+
+
+def test_queries_in_one_session_each_read_their_own_batch(connect_spark):
+    """Two batches' queries in one session (a kept session, a zombie attempt beside its successor): `batch` is
+    bound per statement, so the first query still reads its own rows after the second was built."""
+    from ledgerbatch.parse import staged_struct
+    from ledgerbatch.spec import parse_spec
+    from ledgerbatch.transform import run_query
+
+    spec = parse_spec({"name": "q", "source": {"topics": ["q"], "format": "json", "schema": "n INT"},
+                      "target": {"table": "public.q", "mode": "append"},
+                      "transform": "SELECT n * 10 AS n, _topic, _partition, _offset FROM batch -- {braces} stay"})
+    struct = staged_struct(spec.columns, spec.metadata)
+
+    def rows(n):
+        row = {f.name: None for f in struct.fields} | {"n": n, "_topic": "q", "_partition": 0, "_offset": n}
+        return connect_spark.createDataFrame([row], struct)
+
+    first, second = run_query(connect_spark, rows(1), spec), run_query(connect_spark, rows(2), spec)
+    assert [r.n for r in first.collect()] == [10] and [r.n for r in second.collect()] == [20]
 
 
 def test_run_pipeline_through_connect_moves_every_record_once(engine, db_url, broker, make_pipeline, connect_server):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from ledgerbatch.sparksession import CONNECT_SERVER_CLASS, connect_server_command
+from ledgerbatch.connect_server import CONNECT_SERVER_CLASS, connect_server_command
 
 
 def test_the_spark_connect_connection_names_the_server(monkeypatch):

@@ -200,15 +200,20 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
 
     def _process_on_connect(self, remote: str) -> None:
         """What spark_jobs/process_batch.py does, in this task, on a session of the Spark Connect server."""
+        from .. import ledger
+        from ..connect import connect_spark
         from ..process import process_batch
-        from ..sparksession import connect_spark
+        from ..states import BatchKind
 
         engine, spec = self._engine_and_spec()
         settings = self.settings
         self.log.info("batch %s: processing on the Spark Connect server %s", self.batch_id,
                       remote.split(";")[0])  # user id and token stay out of the log
-        # The server's session (its artifacts and registrations) ends with the block; the server stays warm.
-        with connect_spark(remote, f"ledgerbatch-{spec.name}-batch-{self.batch_id}") as spark:
+        # A live batch runs in the pipeline's kept session, warm from its last run; a replay in its own (connect.py).
+        with engine.connect() as conn:
+            live = ledger.get_batch(conn, int(self.batch_id)).kind == BatchKind.LIVE
+        keep = f"live:{spec.name}" if live else None
+        with connect_spark(remote, f"ledgerbatch-{spec.name}-batch-{self.batch_id}", keep) as spark:
             process_batch(spark, engine, spec, int(self.batch_id), settings.db_url, settings.bootstrap_servers)
 
 

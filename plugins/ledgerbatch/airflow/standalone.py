@@ -18,6 +18,7 @@ from ..config import REPO_ROOT, Settings
 from ..db import fresh_database
 from ..demo import PIPELINES, DemoSetup, prepare, report
 from ..errors import ConfigError
+from ..processes import stop_group
 
 USER, PASSWORD = "admin", "ledgerbatch"
 
@@ -140,10 +141,5 @@ def run_with_airflow(settings: Settings, records: int, partitions: int, port: in
               "stay up until Ctrl-C.", flush=True)
         standalone.wait()
     finally:
-        if standalone.poll() is None:
-            os.killpg(standalone.pid, signal.SIGTERM)
-            try:
-                standalone.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(standalone.pid, signal.SIGKILL)
+        stop_group(standalone, 30)
         setup.close()
