@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from abc import ABC, abstractmethod
 import datetime as dt
 from decimal import Decimal
 from typing import Callable
@@ -40,18 +41,18 @@ VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 _OPS = {"c": UPSERT, "r": UPSERT, "u": UPSERT, "d": DELETE}
 
 
-class ChangeEvents:
+class ChangeEvents(ABC):
     """The envelope logic every Debezium converter shares; a subclass says how it reads a value and a key.
 
     `_envelope(raw)` gives the envelope and, per row image (`before`, `after`), the semantic types of its
     fields; `_key(key)` the key's fields and theirs. Field descriptions have Kafka Connect's shape
     (`name`: the semantic type, `type`, `parameters`), which `decode_image` decodes by."""
 
-    def _envelope(self, raw: bytes) -> tuple[dict, Callable[[str], dict[str, dict]]]:
-        raise NotImplementedError
+    @abstractmethod
+    def _envelope(self, raw: bytes) -> tuple[dict, Callable[[str], dict[str, dict]]]: ...
 
-    def _key(self, key: bytes) -> tuple[dict, dict[str, dict]]:
-        raise NotImplementedError
+    @abstractmethod
+    def _key(self, key: bytes) -> tuple[dict, dict[str, dict]]: ...
 
     def decode(self, raw: bytes | None) -> dict:
         """The row image of an upsert; a delete or a tombstone is not a row (decode_change says what it is)."""
