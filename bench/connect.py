@@ -5,8 +5,8 @@ server, against the cold spark-submit path and the 2-process floor (bench/floor.
 
 - small: a 100-record DAG run, trigger (dag.test() called) to committed (the commit task's end), median of
   `--small-repeats` runs, on the warm Connect server and through cold spark-submit (`spark_default` local[*]);
-- large: `--records` in one batch through the pipeline DAG on the warm server, against the floor on the same
-  topic, medians of `--runs` (interleaved: floor, then the DAG, per run).
+- large: `--records` in one batch through the pipeline DAG on the warm server and through cold spark-submit,
+  against the floor on the same topic, medians of `--runs` (interleaved per run: floor, Connect, spark-submit).
 
 Its databases are prefixed `lb_connect_bench_` (not the main bench's `lb_bench_`) and dropped at the end;
 the dev broker and the Connect server are its children and stopped at the end. Prints one JSON document.
@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,43 +41,12 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from . import floor  # noqa: E402
-from ledgerbatch.processes import stop_group  # noqa: E402
+from ledgerbatch.connect_server import LocalConnectServer  # noqa: E402
 
-from .common import BIN, DB_PREFIX, SERVER_URL, DevBrokerProcess, check_retained, child_env, count_rows, fresh_database  # noqa: E402
+from .common import BIN, DB_PREFIX, SERVER_URL, DevBrokerProcess, check_retained, count_rows, fresh_database  # noqa: E402
 from .lb import write_spec  # noqa: E402
 
 TOPIC, SMALL_TOPIC = "connect_orders", "connect_small"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ConnectServer:
-    """`ledgerbatch spark-server` as a child in its own process group; `url` once it listens."""
-
-    def __init__(self, master: str = "local[*]"):
-        port = free_port()
-        self.proc = subprocess.Popen([str(BIN / "ledgerbatch"), "spark-server", "--port", str(port), "--master", master],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env(),
-                                     start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stdout], daemon=True).start()
-        deadline = time.monotonic() + 300
-        self.url = None
-        while self.url is None and time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                self.url = next((w for w in lines.get(timeout=1).split() if w.startswith("sc://")), None)
-            except queue.Empty:
-                pass
-        if self.url is None:
-            self.close()
-            raise RuntimeError("the Spark Connect server did not start")
-
-    def close(self) -> None:
-        stop_group(self.proc)
 
 
 def connections(db_url: str, bootstrap: str, remote: str | None) -> None:
@@ -149,23 +115,26 @@ def small_runs(bootstrap: str, workdir: Path, remote: str | None, repeats: int, 
     return runs
 
 
-def large_runs(bootstrap: str, workdir: Path, remote: str, runs: int, records: int, partitions: int) -> dict:
-    floors, dags = [], []
+def large_runs(bootstrap: str, workdir: Path, remote: str, runs: int, records: int, partitions: int,
+               cold: bool) -> dict:
+    """Per run, on the same topic: the floor, the DAG on the warm server, and (`cold`) the DAG through spark-submit."""
+    floors, dags, colds = [], [], []
     for i in range(runs):
         floors.append(floor.run(bootstrap, TOPIC, partitions, f"{DB_PREFIX}floor"))
         if floors[-1]["rows"] != records:
             raise RuntimeError(f"floor delivered {floors[-1]['rows']} of {records}")
         print(f"  floor run {i + 1}: {floors[-1]['wall_s']:.2f}s", flush=True)
-        name = f"connect_large_{i}"
-        url = ledger_db(f"{DB_PREFIX}large")
-        connections(url, bootstrap, remote)
-        write_spec(workdir / "large", name, TOPIC, records)
-        dags.append(dag_run(workdir / "large", name))
-        rows = count_rows(url, f"public.{name}")
-        if rows != records:
-            raise RuntimeError(f"the DAG delivered {rows} of {records}")
-        print(f"  connect DAG run {i + 1}: {dags[-1]}", flush=True)
-    return {"floor": floors, "dag": dags}
+        for path, into, server in (("connect", dags, remote), ("cold", colds, None))[:2 if cold else 1]:
+            name = f"{path}_large_{i}"
+            url = ledger_db(f"{DB_PREFIX}large_{path}")
+            connections(url, bootstrap, server)
+            write_spec(workdir / "large", name, TOPIC, records)
+            into.append(dag_run(workdir / "large", name))
+            rows = count_rows(url, f"public.{name}")
+            if rows != records:
+                raise RuntimeError(f"the {path} DAG delivered {rows} of {records}")
+            print(f"  {path} DAG run {i + 1}: {into[-1]}", flush=True)
+    return {"floor": floors, "dag": dags, "cold": colds}
 
 
 def median(runs: list[dict], key: str) -> float:
@@ -188,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--runs", type=int, default=3, help="large-batch runs (floor and DAG each)")
     parser.add_argument("--small-records", type=int, default=100)
     parser.add_argument("--small-repeats", type=int, default=5)
-    parser.add_argument("--skip-cold", action="store_true", help="no cold spark-submit small runs")
+    parser.add_argument("--skip-cold", action="store_true", help="no cold spark-submit runs")
+    parser.add_argument("--skip-large", action="store_true", help="no large-batch runs")
     args = parser.parse_args(argv)
     done = subprocess.run([str(BIN / "airflow"), "db", "migrate"], capture_output=True, text=True, env=os.environ)
     if done.returncode:
@@ -204,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
         check_retained(broker.bootstrap, TOPIC, args.records)
         started = time.monotonic()
-        server = ConnectServer()
+        server = LocalConnectServer(output=subprocess.DEVNULL)
         print(f"Spark Connect server {server.url} up in {time.monotonic() - started:.1f}s", flush=True)
         results: dict = {"load_at_start": round(load_at_start, 2)}
         print("small: warm Spark Connect", flush=True)
@@ -216,12 +186,19 @@ def main(argv: list[str] | None = None) -> dict:
             cold_small = small_runs(broker.bootstrap, workdir, None, args.small_repeats, args.small_records, "cold")
             results["small_cold"] = {"committed_s": median(cold_small, "committed_s"),
                                      "wall_s": median(cold_small, "wall_s"), "runs": cold_small}
-        print(f"large: {args.records:,} records, floor and the DAG on the warm server", flush=True)
-        large = large_runs(broker.bootstrap, workdir, server.url, args.runs, args.records, args.partitions)
-        results["large"] = {"floor_s": median(large["floor"], "wall_s"), "dag_committed_s": median(large["dag"], "committed_s"),
-                            "dag_wall_s": median(large["dag"], "wall_s"), "dag_process_s": median(large["dag"], "process_s"),
-                            "runs": large}
-        results["large"]["ratio_committed"] = round(results["large"]["dag_committed_s"] / results["large"]["floor_s"], 2)
+        if not args.skip_large:
+            print(f"large: {args.records:,} records, the floor and the DAG (warm server, cold spark-submit)", flush=True)
+            large = large_runs(broker.bootstrap, workdir, server.url, args.runs, args.records, args.partitions,
+                               not args.skip_cold)
+            results["large"] = {"floor_s": median(large["floor"], "wall_s"), "dag_committed_s": median(large["dag"], "committed_s"),
+                                "dag_wall_s": median(large["dag"], "wall_s"), "dag_process_s": median(large["dag"], "process_s"),
+                                "runs": large}
+            results["large"]["ratio_committed"] = round(results["large"]["dag_committed_s"] / results["large"]["floor_s"], 2)
+            results["large"]["ratio_per_run"] = [round(d["committed_s"] / f["wall_s"], 2)
+                                                 for d, f in zip(large["dag"], large["floor"])]
+            if large["cold"]:
+                results["large"]["cold_committed_s"] = median(large["cold"], "committed_s")
+                results["large"]["cold_ratio_committed"] = round(results["large"]["cold_committed_s"] / results["large"]["floor_s"], 2)
         results["load_at_end"] = round(os.getloadavg()[0], 2)
         results["command"] = "python -m bench.connect " + " ".join(sys.argv[1:] if argv is None else argv)
     finally:

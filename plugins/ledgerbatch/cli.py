@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    for chatty in ("py4j", "httpx", "httpx2"):  # httpx: a line per Schema Registry request
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         settings = Settings.from_env()
         return COMMANDS[args.command](args, settings) or 0

@@ -1,5 +1,5 @@
-"""`ledgerbatch spark-server`: the pip wheel's own Spark Connect server (what Spark's sbin/start-connect-server.sh
-runs, which the wheel lacks), in the foreground."""
+"""The pip wheel's own Spark Connect server (what Spark's sbin/start-connect-server.sh runs, which the wheel
+lacks): `ledgerbatch spark-server` in the foreground, or a child of the demo and the benchmark."""
 from __future__ import annotations
 
 import os
@@ -56,18 +56,52 @@ def wait_for_port(host: str, port: int, process: subprocess.Popen | None = None,
     raise RuntimeError(f"the Spark Connect server did not listen on {host}:{port} within {timeout:.0f}s")
 
 
+class LocalConnectServer:
+    """A Spark Connect server from the wheel as a child in its own process group, listening once built
+    (`url`); `close()` stops the group: JVM and Python workers. The demo and the Connect benchmark use it."""
+
+    def __init__(self, master: str = "local[*]", port: int | None = None, host: str = "127.0.0.1", output=None,
+                 timeout: float = 180):
+        self.port = port or free_port(host)
+        self.url = f"sc://{host}:{self.port}"
+        self.proc = subprocess.Popen(connect_server_command(self.port, host, master), env=connect_server_env(),
+                                     stdout=output, stderr=subprocess.STDOUT if output else None,
+                                     start_new_session=True)
+        try:
+            wait_for_port(host, self.port, self.proc, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        stop_group(self.proc, 30)
+
+    def __enter__(self) -> LocalConnectServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def serve_connect(port: int = CONNECT_PORT, host: str = "127.0.0.1", master: str = "local[*]") -> int:
-    """Run a local Spark Connect server in the foreground, print its sc:// URL once it listens, stop it (its
-    whole process group: JVM and Python workers) on SIGTERM or Ctrl-C. Returns the server's exit code."""
-    process = subprocess.Popen(connect_server_command(port, host, master), env=connect_server_env(),
-                               start_new_session=True)
-    signal.signal(signal.SIGTERM, lambda *_: stop_group(process, 30))
+    """Run a local Spark Connect server in the foreground (its output on this terminal), print its sc:// URL
+    once it listens, stop it on SIGTERM or Ctrl-C. Returns the server's exit code."""
     try:
-        wait_for_port(host, port, process)
-        print(f"Spark Connect server: sc://{host}:{port} (master {master}); export LEDGERBATCH_SPARK_REMOTE=sc://{host}:{port}",
+        server = LocalConnectServer(master, port, host)
+    except KeyboardInterrupt:
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: server.close())
+    try:
+        print(f"Spark Connect server: {server.url} (master {master}); export LEDGERBATCH_SPARK_REMOTE={server.url}",
               flush=True)
-        return process.wait()
+        return server.proc.wait()
     except KeyboardInterrupt:
         return 0
     finally:
-        stop_group(process, 30)
+        server.close()

@@ -37,6 +37,14 @@ class DemoSetup:
     broker: DevBroker
     registry: DevRegistry
     expected: dict[str, tuple[int, int]]  # pipeline -> (valid records, bad records)
+    records: int  # orders produced so far (their ids are 0..records-1)
+    partitions: int
+
+    def produce_more_orders(self, count: int) -> None:
+        """`count` more valid orders, with ids after the last ones."""
+        produce_orders(self.broker.bootstrap_servers, "orders", count, self.partitions, start=self.records)
+        self.records += count
+        self.expected["orders"] = (self.expected["orders"][0] + count, self.expected["orders"][1])
 
     def close(self) -> None:
         self.broker.close()
@@ -60,7 +68,8 @@ def prepare(settings: Settings, records: int, partitions: int) -> DemoSetup:
     print(f"produced {count} Avro payments (schema v1, then v2 with a new field): {payments['good']} valid, "
           f"{payments['bad']} bad records")
     return DemoSetup(db_url, engine, broker, registry, {"orders": (orders["good"], orders["bad"]),
-                                                       "payments": (payments["good"], payments["bad"])})
+                                                       "payments": (payments["good"], payments["bad"])},
+                     records, partitions)
 
 
 def report(setup: DemoSetup) -> bool:

@@ -15,6 +15,7 @@ from .decoders import CHANGE_FORMATS, DEBEZIUM_AVRO, FORMATS, REGISTRY_FORMATS
 from .decoders.registry import CLIENT_OPTIONS
 from .schema import METADATA, Column, parse_schema
 
+ON_NEW_DATA = "on_new_data"
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
 _SECTION_KEYS = {
     "source": {"topics", "format", "schema", "start", "kafka", "metadata", "schema_registry"},
@@ -40,7 +41,7 @@ class PipelineSpec:
     max_records: int = 100_000
     error_policy: str = "quarantine"
     max_error_ratio: float = 0.05
-    schedule: str | None = None
+    schedule: str | None = None  # cron, an Airflow preset, or ON_NEW_DATA
     kafka_options: tuple[tuple[str, str], ...] = ()
     transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
     query: str | None = None  # or one Spark SQL query over the view `batch` (transform.py)
@@ -67,6 +68,11 @@ class PipelineSpec:
     def changes(self) -> bool:
         """Every record is a change that upserts, deletes or does nothing (decoders.ChangeDecoder)."""
         return self.deletes or self.format in CHANGE_FORMATS
+
+    @property
+    def event_driven(self) -> bool:
+        """`schedule: on_new_data`: the DAG runs when its topics hold offsets the ledger has not delivered."""
+        return self.schedule == ON_NEW_DATA
 
     @property
     def stored_columns(self) -> tuple[Column, ...]:

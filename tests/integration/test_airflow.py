@@ -56,8 +56,11 @@ def test_generated_dags_import_cleanly():
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     assert set(bag.dag_ids) == {"ledgerbatch_orders", "ledgerbatch_payments", "ledgerbatch_backfill"}
-    dag = bag.dags["ledgerbatch_orders"]
-    assert dag.max_active_runs == 1 and not dag.catchup and dag.schedule == "*/15 * * * *"
+    assert bag.dags["ledgerbatch_payments"].schedule == "*/15 * * * *"
+    dag = bag.dags["ledgerbatch_orders"]  # schedule: on_new_data
+    (asset,) = dag.timetable.asset_condition.objects
+    assert asset.uri == "x-ledgerbatch://pipelines/orders/new-data" and asset.watchers
+    assert dag.max_active_runs == 1 and not dag.catchup
     assert "ledgerbatch" in dag.tags and "pipeline:orders" in dag.tags
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "process", "commit", "verify"]
     assert dag.get_task("process").retries == 3 and dag.get_task("process").retry_exponential_backoff

@@ -21,7 +21,6 @@ from .triggers import NewDataTrigger
 log = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULE = "*/15 * * * *"  # a spec's `schedule:` overrides it
-ON_NEW_DATA = "on_new_data"  # `schedule: on_new_data`: event-driven, see new_data_asset
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 BATCH_ID = "{{ ti.xcom_pull(task_ids='plan') }}"
 REPLAYS = AssetAlias("ledgerbatch_replays")  # the backfill DAG's commits: an event on the replayed target's Asset
@@ -105,7 +104,7 @@ def new_data_asset(spec: PipelineSpec, directory: Path) -> Asset:
 
 def schedule_of(spec: PipelineSpec, directory: Path):
     """The spec's `schedule:`: a cron expression or preset (default DEFAULT_SCHEDULE), or `on_new_data`."""
-    if spec.schedule == ON_NEW_DATA:
+    if spec.event_driven:
         return [new_data_asset(spec, directory)]
     return spec.schedule or DEFAULT_SCHEDULE
 
@@ -126,7 +125,7 @@ def pipeline_dag(spec: PipelineSpec, directory: Path, hook: LedgerHook | None = 
                f"`{spec.target_schema}.{spec.target_table}` ({spec.mode}), at most {spec.max_records} "
                f"offsets per batch. Spec: `{directory / (spec.name + '.yaml')}`."
                + (" Event-driven: runs when its topics hold offsets the ledger has not delivered."
-                  if spec.schedule == ON_NEW_DATA else ""),
+                  if spec.event_driven else ""),
     ) as dag:
         plan = PlanBatchOperator(task_id="plan", doc_md=TASK_DOCS["plan"], **common)
         process = ProcessBatchOperator(task_id="process", batch_id=BATCH_ID, doc_md=TASK_DOCS["process"], **common)

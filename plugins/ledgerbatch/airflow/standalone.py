@@ -1,5 +1,6 @@
-"""`ledgerbatch demo` with Airflow: `airflow standalone` in a throw-away home, wired to the demo's
-dev broker, dev registry and database through Airflow Connections, the demo DAGs triggered until caught up."""
+"""`ledgerbatch demo` with Airflow: `airflow standalone` in a throw-away home, wired to the demo's dev broker,
+dev registry, database and a Spark Connect server through Airflow Connections; the scheduled demo DAG is
+triggered until caught up, the event-driven one runs by itself, also for new records produced at the end."""
 from __future__ import annotations
 
 import json
@@ -16,11 +17,14 @@ from sqlalchemy.engine import make_url
 from .. import ledger
 from ..config import REPO_ROOT, Settings
 from ..db import fresh_database
+from ..connect_server import LocalConnectServer
 from ..demo import PIPELINES, DemoSetup, prepare, report
 from ..errors import ConfigError
 from ..processes import stop_group
+from ..spec import load_spec
 
 USER, PASSWORD = "admin", "ledgerbatch"
+NEW_ORDERS = 100  # produced once the pipelines are caught up: the event-driven orders DAG runs by itself
 
 
 def airflow_env(setup: DemoSetup, home: Path, metadata_url: str, port: int) -> dict[str, str]:
@@ -99,47 +103,104 @@ def _lag(setup: DemoSetup, pipeline: str) -> int:
     return sum(wm.high - done.get(tp, 0) for tp, wm in ends.items())
 
 
-def run_with_airflow(settings: Settings, records: int, partitions: int, port: int) -> None:
-    setup = prepare(settings, records, partitions)
-    home = REPO_ROOT / ".tmp" / "airflow"
-    shutil.rmtree(home, ignore_errors=True)
-    home.mkdir(parents=True)
-    (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
-    metadata_url = fresh_database(settings.db_url, "ledgerbatch_airflow")
-    env = airflow_env(setup, home, metadata_url, port)
-    log_path = home / "standalone.log"
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below on SIGTERM too
-    print(f"starting Airflow (standalone, home {home}, log {log_path}) ...", flush=True)
-    standalone = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env,
-                                  stdout=log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait("Airflow to start and parse the DAGs", lambda: _dags_listed(env), 300)
-        # Scheduled runs start on their own; trigger more until every pipeline is caught up.
-        reported: set[str] = set()
+class AirflowStandalone:
+    """`airflow standalone` in a throw-away home (`.tmp/airflow`), wired to the demo's broker, registry and
+    database, with a Spark Connect server (the wheel's, a child) that its process tasks run on, warm."""
+
+    def __init__(self, settings: Settings, setup: DemoSetup, port: int):
+        self.setup = setup
+        self.home = REPO_ROOT / ".tmp" / "airflow"
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.home.mkdir(parents=True)
+        (self.home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
+        self.log_path = self.home / "standalone.log"
+        self.event_driven = {p for p in PIPELINES if load_spec(settings.pipelines_dir, p).event_driven}
+        started = time.monotonic()
+        self.spark = LocalConnectServer(output=(self.home / "spark-connect.log").open("w"))
+        print(f"Spark Connect server: {self.spark.url} (the process tasks run there; log "
+              f"{self.home / 'spark-connect.log'}), up in {time.monotonic() - started:.0f}s", flush=True)
+        self.env = airflow_env(setup, self.home, fresh_database(settings.db_url, "ledgerbatch_airflow"), port)
+        self.env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
+            {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.spark.port})
+        print(f"starting Airflow (standalone, home {self.home}, log {self.log_path}) ...", flush=True)
+        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env,
+                                     stdout=self.log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.reported: set[str] = set()
+        try:
+            _wait("Airflow to start and parse the DAGs", lambda: _dags_listed(self.env), 300)
+        except BaseException:
+            self.close()
+            raise
+
+    def catch_up(self) -> None:
+        """Until every pipeline is caught up: scheduled pipelines get runs triggered, event-driven ones start
+        their own (their watcher sees the offsets the ledger has not delivered)."""
         pending = set(PIPELINES)
+        deadline = time.monotonic() + 1800
         while pending:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{', '.join(sorted(pending))} not caught up after 30 minutes: see {self.log_path}")
             for pipeline in sorted(pending):
-                runs = _runs(env, _dag_id(pipeline))
-                for run in runs:
-                    if run["state"] in ("success", "failed") and run["run_id"] not in reported:
-                        reported.add(run["run_id"])
-                        print(f"{_dag_id(pipeline)} run {run['run_id']}: {run['state']}", flush=True)
-                        if run["state"] == "failed":
-                            raise ConfigError(f"DAG run {run['run_id']} failed: see the UI or {log_path}")
+                runs = self.report_runs(pipeline)
                 if not any(r["state"] in ("queued", "running") for r in runs):
-                    if _lag(setup, pipeline) == 0:
+                    if _lag(self.setup, pipeline) == 0:
                         pending.discard(pipeline)
                         print(f"\n{_dag_id(pipeline)}: caught up\n", flush=True)
-                        continue
-                    _airflow(env, "dags", "trigger", _dag_id(pipeline))
-                    print(f"triggered {_dag_id(pipeline)}", flush=True)
+                    elif pipeline not in self.event_driven:
+                        _airflow(self.env, "dags", "trigger", _dag_id(pipeline))
+                        print(f"triggered {_dag_id(pipeline)}", flush=True)
             time.sleep(5)
+
+    def report_runs(self, pipeline: str) -> list[dict]:
+        """The pipeline's DAG runs; prints each newly finished one, raises on a failed one."""
+        runs = _runs(self.env, _dag_id(pipeline))
+        for run in runs:
+            if run["state"] in ("success", "failed") and run["run_id"] not in self.reported:
+                self.reported.add(run["run_id"])
+                print(f"{_dag_id(pipeline)} run {run['run_id']}: {run['state']}", flush=True)
+                if run["state"] == "failed":
+                    raise ConfigError(f"DAG run {run['run_id']} failed: see the UI or {self.log_path}")
+        return runs
+
+    def delivered_in(self, pipeline: str, timeout: float = 300) -> float:
+        """Seconds from now until the ledger has delivered everything in the pipeline's topic (its cursors
+        only move in a commit), polled every 0.2 s."""
+        started = time.monotonic()
+        while _lag(self.setup, pipeline):
+            if time.monotonic() - started > timeout:
+                raise ConfigError(f"{pipeline}: not delivered {timeout:.0f}s after producing: see {self.log_path}")
+            if self.proc.poll() is not None:
+                raise ConfigError(f"airflow standalone exited with {self.proc.returncode}: see {self.log_path}")
+            time.sleep(0.2)
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        stop_group(self.proc, 30)
+        self.spark.close()
+
+
+def run_with_airflow(settings: Settings, records: int, partitions: int, port: int) -> None:
+    setup = prepare(settings, records, partitions)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below on SIGTERM too
+    airflow = None
+    try:
+        airflow = AirflowStandalone(settings, setup, port)
+        airflow.catch_up()
+        if "orders" in airflow.event_driven:  # new records start a run by themselves
+            setup.produce_more_orders(NEW_ORDERS)
+            print(f"produced {NEW_ORDERS} more orders; nobody triggers ledgerbatch_orders ...", flush=True)
+            seconds = airflow.delivered_in("orders")
+            run = max(airflow.report_runs("orders"), key=lambda r: r.get("end_date") or "")
+            print(f"ledgerbatch_orders: its watcher started run {run['run_id']}; produced to committed in "
+                  f"{seconds:.1f}s\n", flush=True)
         report(setup)
         print(f"\nAirflow UI: http://localhost:{port}  (user {USER}, password {PASSWORD})")
-        print("DAGs: ledgerbatch_orders and ledgerbatch_payments (every 15 minutes) and ledgerbatch_backfill "
-              "(trigger it with a form to replay or backfill a range). The dev broker, the dev registry and Airflow "
-              "stay up until Ctrl-C.", flush=True)
-        standalone.wait()
+        print("DAGs: ledgerbatch_orders (event-driven: runs when new orders arrive), ledgerbatch_payments (every 15 "
+              "minutes) and ledgerbatch_backfill (trigger it with a form to replay or backfill a range). Batches run "
+              "on the Spark Connect server. The dev broker, the dev registry, Spark and Airflow stay up until Ctrl-C.",
+              flush=True)
+        airflow.proc.wait()
     finally:
-        stop_group(standalone, 30)
+        if airflow is not None:
+            airflow.close()
         setup.close()
