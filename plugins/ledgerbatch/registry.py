@@ -28,7 +28,7 @@ def with_registry(spec: PipelineSpec, deployment: dict[str, str]) -> PipelineSpe
         raise ConfigError(f"schema registry settings {', '.join(unknown)} are unknown (allowed: {', '.join(CLIENT_OPTIONS)})")
     options = {**{str(k): str(v) for k, v in deployment.items()}, **dict(spec.format_options)}
     if not options.get("url"):
-        what = "format debezium with source.schema_registry" if spec.format == DEBEZIUM_AVRO else f"format {spec.format}"
+        what = "format debezium with converter avro" if spec.format == DEBEZIUM_AVRO else f"format {spec.format}"
         raise ConfigError(f"pipeline {spec.name}: {what} needs a schema registry url: set "
                           f"source.schema_registry.url, LEDGERBATCH_SCHEMA_REGISTRY or the Airflow connection "
                           f"ledgerbatch_schema_registry")

@@ -18,11 +18,12 @@ from .schema import METADATA, Column, parse_schema
 ON_NEW_DATA = "on_new_data"
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
 _SECTION_KEYS = {
-    "source": {"topics", "format", "schema", "start", "kafka", "metadata", "schema_registry"},
+    "source": {"topics", "format", "converter", "schema", "start", "kafka", "metadata", "schema_registry"},
     "target": {"table", "mode", "key", "evolve", "measures", "deletes"},
     "batch": {"max_records"},
     "errors": {"policy", "max_ratio"},
 }
+CONVERTERS = ("json", "avro")  # format debezium: Kafka Connect's JsonConverter (default) or Confluent's AvroConverter
 MERGES = ("sum", "min", "max")  # how an aggregate batch's value merges into the target's (modes/aggregate.py)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -46,7 +47,7 @@ class PipelineSpec:
     transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
     query: str | None = None  # or one Spark SQL query over the view `batch` (transform.py)
     measures: tuple[tuple[str, str], ...] = ()  # mode aggregate: (column, sum | min | max)
-    format: str = "json"  # a decoder of decoders.DECODERS (debezium_avro: format debezium with a registry)
+    format: str = "json"  # a decoder of decoders.DECODERS (debezium_avro: format debezium with converter avro)
     format_options: tuple[tuple[str, str], ...] = ()  # the decoder's settings
     metadata: tuple[str, ...] = ()  # Kafka metadata as columns: key, timestamp, headers (schema.METADATA)
     evolve: str = "none"  # none | additive: columns new to the spec are added to the target at commit
@@ -132,15 +133,21 @@ def parse_spec(doc: object) -> PipelineSpec:
     if fmt not in FORMATS:
         raise SpecError(f"source.format {fmt!r} is not supported (supported: {', '.join(FORMATS)})")
     registry = _mapping(source.get("schema_registry", {}), "source.schema_registry", set(CLIENT_OPTIONS))
-    if fmt == "debezium" and "schema_registry" in source:
-        fmt = DEBEZIUM_AVRO  # Debezium through Confluent's AvroConverter: envelopes in the registry's wire format
+    if "converter" in source:
+        if fmt != "debezium":
+            raise SpecError(f"source.converter is only used with source.format debezium (where it is one of "
+                            f"{', '.join(CONVERTERS)}); source.format is {fmt}")
+        # An explicit opt-in, never inferred from `schema_registry`: `format: debezium` with
+        # `schema_registry: {}` was JSON before this key existed, and a spec valid then means the same now.
+        if _choice(source["converter"], "source.converter", CONVERTERS) == "avro":
+            fmt = DEBEZIUM_AVRO  # envelopes in the registry's wire format
     if fmt in REGISTRY_FORMATS:
         # Without `schema:` the columns come from the registry (registry.resolve_columns).
         columns = parse_schema(source["schema"]) if source.get("schema") is not None else ()
     else:
         if registry:
             raise SpecError("source.schema_registry is only used by the registry formats (avro, protobuf, json_schema) "
-                            "and by debezium (whose events it then reads as AvroConverter's)")
+                            "and by debezium with converter avro")
         columns = parse_schema(_required(source, "schema", "source"))
     start = _choice(source.get("start", "earliest"), "source.start", ("earliest", "latest"))
     metadata = source.get("metadata", [])

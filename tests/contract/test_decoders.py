@@ -264,7 +264,7 @@ def check_samples(decoder, lines: list[dict], opaque: set[str]) -> None:
 
 
 class TestDebeziumAvro(RegistryDecoderContract):
-    """Debezium envelopes through Confluent's AvroConverter (`format: debezium` with a registry): an order as
+    """Debezium envelopes through Confluent's AvroConverter (`format: debezium` with `converter: avro`): an order as
     the row image `after`; plus the real captured AvroConverter events (tests/cdc/samples/avro-precise.jsonl)."""
     __test__ = True
     FORMAT = "debezium_avro"

@@ -1,13 +1,15 @@
-"""`format: debezium` with a schema registry end to end on real parts: change events exactly as Confluent's
+"""`format: debezium` with `converter: avro` end to end on real parts: change events exactly as Confluent's
 AvroConverter wrote them for real Debezium (captured by tests/cdc/make_samples.py: snapshot, inserts,
 updates, deletes with tombstones, a key change, decimals, timestamps, dates, then a column added to the
 source table), their schema ids rewritten to the dev registry's (tests/cdc/avro_samples.py); the dev
 broker, local Spark, PostgreSQL."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 
+import psutil
 import pytest
 from sqlalchemy import text
 
@@ -27,7 +29,7 @@ EVOLVED = len(scenario.TRANSACTIONS)  # the `tx` of the events after the source 
 
 def debezium_avro(make_pipeline, registry, max_records):
     """A spec without `schema:`: the columns come from the `after` record of the subject's latest schema."""
-    p = make_pipeline(partitions=1, source__format="debezium", source__schema=None,
+    p = make_pipeline(partitions=1, source__format="debezium", source__converter="avro", source__schema=None,
                       source__schema_registry={"url": registry.url}, target__mode="upsert", target__key=["id"],
                       batch__max_records=max_records, errors__max_ratio=1.0)
     register_version(registry, p, 1)
@@ -62,6 +64,23 @@ def expected(evolved: bool) -> dict:
     """The source table's end state without id 5 (the extra delete); with `note` once evolved."""
     names = [c for c in scenario.COLUMNS if c != "id"] + (["note"] if evolved else [])
     return {k: tuple(row.get(c) for c in names) for k, row in scenario.final_rows(evolved).items() if k != 5}
+
+
+def wait_until_gone(pgid: int, seconds: float = 30) -> None:
+    """Wait until no process of the group `pgid` is alive. SIGKILL reached every member (Spark's JVM, its
+    Python workers) at once, but they exit asynchronously. Zombies count as gone: they run nothing and hold
+    nothing, and whether they are reaped is up to init (so `os.killpg(pgid, 0)` may never fail)."""
+    deadline = time.monotonic() + seconds
+    while alive := [p.pid for p in psutil.process_iter() if member(p, pgid)]:
+        assert time.monotonic() < deadline, f"processes {alive} of the killed group {pgid} outlived SIGKILL"
+        time.sleep(0.05)
+
+
+def member(proc: psutil.Process, pgid: int) -> bool:
+    try:
+        return os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        return False
 
 
 def quarantined(engine, p) -> list[str]:
@@ -112,7 +131,9 @@ def test_sigkill_mid_batch_then_resume_replicates_once(engine, db_url, broker, r
     send(broker, p, [(x["key"], x["value"]) for x in lines] + extras(registry, lines))
     crashed = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir, LEDGERBATCH_CRASH_AT="mid_read")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    time.sleep(1)  # the killed group's members die asynchronously
+    # Not needed for correctness (a killed member runs no more code, and the resume's attempt fences the
+    # crashed one's), but the resume then starts with nothing of the crashed run alive beside it.
+    wait_until_gone(crashed.pgid)
     finished = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert target(engine, p) == expected(evolved=False)

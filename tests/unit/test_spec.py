@@ -64,12 +64,24 @@ def test_design_minimal_spec_is_accepted():
       "transform": "SELECT * FROM batch"}, "a query cannot see deletes"),
     ({"target__table": "ledger_deletes.orders"}, "schema 'ledger_deletes' belongs to ledgerbatch"),
     ({"source__schema_registry": {"url": "http://r"}}, "only used by the registry formats (avro, protobuf, json_schema) "
-                                                       "and by debezium"),
+                                                       "and by debezium with converter avro"),
     ({"source__format": "debezium_avro"}, "source.format 'debezium_avro' is not supported"),
-    ({"source__format": "debezium", "source__schema_registry": {"url": "http://r"}},
+    ({"source__format": "debezium", "source__converter": "avro", "source__schema_registry": {"url": "http://r"}},
      "source.format debezium needs target.mode upsert"),
     ({"source__format": "debezium", "source__schema_registry": None, "target__mode": "upsert",
       "target__key": ["order_id"]}, "source.schema_registry must be a mapping"),
+    # Refused before source.converter existed, and still: a registry with JSON Debezium.
+    ({"source__format": "debezium", "source__schema_registry": {"url": "http://r"}, "target__mode": "upsert",
+      "target__key": ["order_id"]}, "only used by the registry formats (avro, protobuf, json_schema) "
+                                    "and by debezium with converter avro"),
+    ({"source__format": "debezium", "source__converter": "protobuf", "target__mode": "upsert",
+      "target__key": ["order_id"]}, "source.converter must be one of json, avro, got 'protobuf'"),
+    ({"source__format": "debezium", "source__converter": None, "target__mode": "upsert",
+      "target__key": ["order_id"]}, "source.converter must be one of json, avro, got None"),
+    ({"source__converter": "json"}, "source.converter is only used with source.format debezium (where it is one of "
+                                    "json, avro); source.format is json"),
+    ({"source__format": "avro", "source__converter": "avro"},
+     "source.converter is only used with source.format debezium (where it is one of json, avro); source.format is avro"),
 ])
 def test_bad_specs_get_clear_errors(changes, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
@@ -93,29 +105,47 @@ def test_change_pipelines():
     assert cdc.version != plain.version != deletes.version  # every spec text has its version
 
 
-def test_debezium_with_a_registry_reads_avroconverter_events():
-    """`format: debezium` with `source.schema_registry` (even empty: the deployment's registry) is Debezium
-    through Confluent's AvroConverter: a registry format (evolve additive by default, `schema:` optional);
-    without it, JsonConverter's envelopes as before (evolve none, `schema:` required)."""
+def test_debezium_converter_avro_reads_avroconverter_events():
+    """`converter: avro` is Debezium through Confluent's AvroConverter: a registry format (evolve additive by
+    default, `schema:` optional, the registry url from the spec or the deployment); without it, or with
+    `converter: json`, JsonConverter's envelopes (evolve none, `schema:` required)."""
     cdc = {"source__format": "debezium", "target__mode": "upsert", "target__key": ["order_id"]}
     json_cdc = parse_spec(spec_with(**cdc))
-    avro_cdc = parse_spec(spec_with(**cdc, source__schema_registry={}))
-    schemaless = parse_spec(spec_with(**cdc, source={"topics": ["orders"], "format": "debezium",
+    explicit_json = parse_spec(spec_with(**cdc, source__converter="json"))
+    avro_cdc = parse_spec(spec_with(**cdc, source__converter="avro"))
+    schemaless = parse_spec(spec_with(**cdc, source={"topics": ["orders"], "format": "debezium", "converter": "avro",
                                                      "schema_registry": {"url": "http://r", "timeout": 5}}))
-    assert (json_cdc.format, json_cdc.evolve, avro_cdc.format, avro_cdc.evolve) == ("debezium", "none", "debezium_avro",
-                                                                                    "additive")
+    assert [(s.format, s.evolve) for s in (json_cdc, explicit_json, avro_cdc)] == [
+        ("debezium", "none"), ("debezium", "none"), ("debezium_avro", "additive")]
     assert avro_cdc.changes and schemaless.columns == () and schemaless.format_options == (("timeout", "5"),
                                                                                           ("url", "http://r"))
+    # The version hashes the spec's text, converter included: an Avro spec never shares a JSON one's version.
+    assert len({json_cdc.version, explicit_json.version, avro_cdc.version}) == 3
+    for source in ({"topics": ["orders"], "format": "debezium"},
+                   {"topics": ["orders"], "format": "debezium", "converter": "json"}):
+        with pytest.raises(SpecError, match="missing required key 'schema'"):
+            parse_spec(spec_with(**cdc, source=source))
+
+
+def test_debezium_with_an_empty_registry_is_still_json():
+    """Before source.converter, `format: debezium` with `schema_registry: {}` was a valid JSON Debezium spec;
+    it still is, with the same version (its text is unchanged), so a batch planned then stages the same."""
+    spec = parse_spec(spec_with(source__format="debezium", source__schema_registry={}, target__mode="upsert",
+                                target__key=["order_id"]))
+    assert (spec.format, spec.evolve, spec.format_options, [c.name for c in spec.columns]) == (
+        "debezium", "none", (), ["order_id", "customer", "amount", "ts"])
+    assert spec.version == "d41c03b281b82a49"  # what the code before source.converter (78b724d) gave it
     with pytest.raises(SpecError, match="missing required key 'schema'"):
-        parse_spec(spec_with(**cdc, source={"topics": ["orders"], "format": "debezium"}))
+        parse_spec(spec_with(source={"topics": ["orders"], "format": "debezium", "schema_registry": {}},
+                             target__mode="upsert", target__key=["order_id"]))
 
 
 def test_avro_debezium_without_a_registry_url_is_refused_at_load():
     from ledgerbatch.errors import ConfigError
     from ledgerbatch.registry import with_registry
 
-    spec = parse_spec(spec_with(source__format="debezium", source__schema_registry={}, target__mode="upsert",
+    spec = parse_spec(spec_with(source__format="debezium", source__converter="avro", target__mode="upsert",
                                 target__key=["order_id"]))
-    with pytest.raises(ConfigError, match="format debezium with source.schema_registry needs a schema registry url"):
+    with pytest.raises(ConfigError, match="format debezium with converter avro needs a schema registry url"):
         with_registry(spec, {})
     assert dict(with_registry(spec, {"url": "http://r"}).format_options) == {"url": "http://r"}

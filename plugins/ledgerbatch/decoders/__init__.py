@@ -36,7 +36,7 @@ class ChangeDecoder(Protocol):
     def decode_change(self, key: bytes | None, raw: bytes | None) -> tuple[str, Mapping[str, object]]: ...
 
 
-# `format: debezium` with `source.schema_registry` (spec.py): AvroConverter's envelopes, a decoder of their own.
+# `format: debezium` with `source.converter: avro` (spec.py): AvroConverter's envelopes, a decoder of their own.
 DEBEZIUM_AVRO = "debezium_avro"
 DECODERS: dict[str, type[Decoder]] = {"json": JsonDecoder, "avro": AvroDecoder, "protobuf": ProtobufDecoder,
                                       "json_schema": JsonSchemaDecoder, "debezium": DebeziumDecoder,

@@ -1,4 +1,4 @@
-"""`format: debezium` with `source.schema_registry`: Debezium change events written by Confluent's
+"""`format: debezium` with `source.converter: avro`: Debezium change events written by Confluent's
 AvroConverter (`key.converter` and `value.converter` `io.confluent.connect.avro.AvroConverter`). Key and value
 are in the Confluent wire format; the value's writer schema is Debezium's `Envelope` record.
 
