@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import sys
 
 from ledgerbatch.airflow.standalone import AirflowStandalone
 from ledgerbatch.config import Settings
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--waves", type=int, default=5)
     parser.add_argument("--records", type=int, default=100)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop Airflow and Spark below on SIGTERM too
     settings = Settings.from_env()
     load_at_start = os.getloadavg()[0]
     setup = prepare(settings, 2000, 4)
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
         seconds = []
         for wave in range(args.waves):
             setup.produce_more_orders(args.records)
-            seconds.append(round(airflow.delivered_in("orders"), 2))
+            seconds.append(round(airflow.delivered_in("orders", setup.records), 2))
             print(f"wave {wave + 1}: {args.records} records produced -> committed in {seconds[-1]:.2f}s", flush=True)
         rows = count_rows(setup.db_url, "public.orders")
         if rows != setup.expected["orders"][0]:
@@ -58,6 +61,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])

@@ -1,30 +1,36 @@
 """Spark Connect sessions for ledgerbatch: the package as a session artifact, the range reader and the staging
-sink registered, UTC session time zone; and sessions kept warm on the server between a pipeline's runs.
+sink registered, UTC session time zone; and a pipeline's live batches in one session kept on the server.
 
-A new server-side session gets new Python workers on the server (their environment holds the session's own
-artifact directory), and starting them costs seconds; a kept session finds them warm. A pipeline's live
-batches therefore run in one kept session, named by the pipeline and the package's content, that outlives
-each client: the next run's client attaches to it. Live batches of one pipeline never run side by side (the
-ledger plans the next only after the last is committed; a zombie attempt of the same batch is fenced at its
-mark), so they may share its temp view `batch`. Replays and backfills, which may run beside them, get a
-session of their own that ends with them.
+A new server-side session gets a new Python daemon and workers on the server (their environment holds the
+session's own artifact directory), and starting them costs seconds; so does shipping the package and
+registering the sources. A pipeline's live batches therefore run in one kept session, named by the
+pipeline, the package's content and the day (UTC), that outlives each client: the next run's client
+attaches to it. Spark stops a Python worker after 60 s idle (the daemon stays), so a run within a minute
+of the last finds its workers warm, a later one forks new ones from the warm daemon. Live batches of one
+pipeline never run side by side (max one active DAG run; the ledger plans the next batch only after the
+last is committed; a zombie attempt is fenced at its mark), and nothing per batch lives in the session
+(transform.run_query binds `batch` per statement). Replays and backfills, which may run beside them, get
+a session of their own that ends with them.
 """
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import hashlib
 import logging
 import os
 import uuid
 
+from .errors import ConfigError
 from .sparksession import PACKAGE_DIR, package_zip, register_sources
 
 log = logging.getLogger(__name__)
 CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"  # set by PySpark in a process that made a Connect session
 _PREPARED = "ledgerbatch.prepared"  # session conf: the package digest whose artifact and sources it holds
-# A kept session the server closed (idle timeout, a release) cannot be attached again under its id: the next
-# generation's id is tried, up to this many.
+# The server refuses a closed session's id for good (an idle timeout closes it too): the next generation's id
+# is tried. Ids start afresh each day, and a day has at most 12 idle timeouts of `ledgerbatch spark-server`
+# (2 h), 24 of Spark's default (1 h); past these, a session of its own for the task.
 _GENERATIONS = 32
 
 
@@ -43,32 +49,34 @@ def package_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def kept_session_id(name: str, generation: int) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"ledgerbatch:{name}:{package_digest()}:{generation}"))
+def kept_session_id(name: str, generation: int, day: dt.date | None = None) -> str:
+    day = day or dt.datetime.now(dt.timezone.utc).date()
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"ledgerbatch:{name}:{package_digest()}:{day}:{generation}"))
 
 
 def connect_session(remote: str, app_name: str = "ledgerbatch", keep: str | None = None):
     """A session on the Spark Connect server `remote` (`sc://host:port[/;params]`), ready for ledgerbatch.
 
     `keep` None: a new server-side session; `stop()` ends it. `keep` a name (`live:<pipeline>`): the kept
-    session of that name, created on first use, attached to afterwards; stop it with `stop_client` so it
-    stays on the server. A `session_id` in `remote` names the session itself: that one is used.
+    session of that name, created on first use, attached to afterwards; `stop_client` leaves it on the server.
     """
+    if "session_id=" in remote:
+        raise ConfigError("the Spark Connect URL names a session (session_id=...): leave it out, ledgerbatch "
+                          "names its sessions itself")
     if keep is None:
         return _prepare(_create(remote), app_name)
-    if "session_id=" in remote:  # the user named the session: that one, kept
-        return _prepare(_create(remote), app_name)
+    day = dt.datetime.now(dt.timezone.utc).date()
     for generation in range(_GENERATIONS):
-        spark = _create(_with_session_id(remote, kept_session_id(keep, generation)))
+        spark = _create(_with_session_id(remote, kept_session_id(keep, generation, day)))
         try:
             return _prepare(spark, app_name)
         except Exception as exc:
-            if "INVALID_HANDLE.SESSION_CLOSED" not in str(exc):
-                stop_client(spark)
-                raise
             stop_client(spark)
-    raise RuntimeError(f"Spark Connect server {remote.split(';')[0]}: the last {_GENERATIONS} kept sessions of "
-                       f"{keep!r} are closed; restart the server or run with a new package version")
+            if "INVALID_HANDLE.SESSION_CLOSED" not in str(exc):
+                raise
+    log.warning("Spark Connect: the last %d kept sessions of %s are closed; this run uses a session of its own",
+                _GENERATIONS, keep)
+    return _prepare(_create(remote), app_name)
 
 
 def _with_session_id(remote: str, session_id: str) -> str:
@@ -94,8 +102,12 @@ def _prepare(spark, app_name: str):
                 raise
         register_sources(spark)
         spark.conf.set(_PREPARED, package_digest())
-    spark.addTag(app_name.replace(",", "_"))  # this client's jobs carry it (Spark UI, interruptTag)
+    spark.addTag(_tag(app_name))  # this client's jobs carry it (Spark UI, interruptTag)
     return spark
+
+
+def _tag(app_name: str) -> str:
+    return app_name.replace(",", "_")
 
 
 def stop_client(spark) -> None:
@@ -107,17 +119,25 @@ def stop_client(spark) -> None:
 @contextlib.contextmanager
 def connect_spark(remote: str, app_name: str = "ledgerbatch", keep: str | None = None):
     """connect_session() for a with block: at its end the client is stopped (a kept session stays on the
-    server, any other ends), and the process left as it was.
+    server, any other ends, and with it its jobs); a block that fails interrupts its jobs on the server first,
+    so a kept session does not go on reading for a task that was killed or gave up.
 
     PySpark marks a process that made a Connect session (the variable SPARK_CONNECT_MODE_ENABLED) and never
     unmarks it: later classic sessions of the process, and its spark-submit children, would then try Spark
     Connect and fail. A long-lived process that mixes both (an Airflow worker, dag.test()) uses this.
     """
     marked = CONNECT_MODE_ENV in os.environ
-    spark = connect_session(remote, app_name, keep)
+    spark = None
     try:
+        spark = connect_session(remote, app_name, keep)
         yield spark
+    except BaseException:
+        if spark is not None and keep:
+            with contextlib.suppress(Exception):  # the server itself may be why the block failed
+                spark.interruptTag(_tag(app_name))
+        raise
     finally:
-        stop_client(spark) if keep else spark.stop()
+        if spark is not None:
+            stop_client(spark) if keep else spark.stop()
         if not marked:
             os.environ.pop(CONNECT_MODE_ENV, None)

@@ -3,6 +3,7 @@ lacks): `ledgerbatch spark-server` in the foreground, or a child of the demo and
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,14 +16,16 @@ from .sparksession import venv_first_on_path
 
 CONNECT_PORT = 15002  # Spark Connect's default port
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"  # in the pip wheel's jars/
-# A pipeline's kept session (connect.py) is ended by the server after this long idle; an hourly cron keeps it.
+# A pipeline's kept session (connect.py) is ended by the server after this long idle (Spark's default: 1h).
 SESSION_IDLE_TIMEOUT = "2h"
 
 
 def connect_server_command(port: int = CONNECT_PORT, host: str = "127.0.0.1", master: str = "local[*]",
                            log_level: str = "WARN") -> list[str]:
-    """spark-submit of SparkConnectServer, listening on host:port."""
+    """spark-submit of SparkConnectServer, listening on host:port. A local master's parallelism is set, so
+    that clients read it instead of asking Spark with a query (sparksession.default_parallelism)."""
     bindir = Path(sys.executable).parent
+    cores = _local_cores(master)
     return [
         str(bindir / "spark-submit"), "--class", CONNECT_SERVER_CLASS, "--name", "ledgerbatch Spark Connect",
         "--master", master,
@@ -33,7 +36,16 @@ def connect_server_command(port: int = CONNECT_PORT, host: str = "127.0.0.1", ma
         "--conf", "spark.python.worker.reuse=true",
         "--conf", "spark.ui.showConsoleProgress=false",
         "--conf", f"spark.log.level={log_level}",
+        *(["--conf", f"spark.default.parallelism={cores}"] if cores else []),
     ]
+
+
+def _local_cores(master: str) -> int | None:
+    """The cores of a local master (`local`, `local[4]`, `local[*]`), None for a cluster's."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if match is None:
+        return None
+    return (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1) or 1)
 
 
 def connect_server_env() -> dict[str, str]:
@@ -91,17 +103,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def serve_connect(port: int = CONNECT_PORT, host: str = "127.0.0.1", master: str = "local[*]") -> int:
     """Run a local Spark Connect server in the foreground (its output on this terminal), print its sc:// URL
-    once it listens, stop it on SIGTERM or Ctrl-C. Returns the server's exit code."""
+    once it listens, stop it on SIGTERM or Ctrl-C (also while it starts). Returns the server's exit code."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the with block below stops the server
     try:
-        server = LocalConnectServer(master, port, host)
+        with LocalConnectServer(master, port, host) as server:
+            print(f"Spark Connect server: {server.url} (master {master}); export LEDGERBATCH_SPARK_REMOTE={server.url}",
+                  flush=True)
+            return server.proc.wait()
     except KeyboardInterrupt:
         return 0
-    signal.signal(signal.SIGTERM, lambda *_: server.close())
-    try:
-        print(f"Spark Connect server: {server.url} (master {master}); export LEDGERBATCH_SPARK_REMOTE={server.url}",
-              flush=True)
-        return server.proc.wait()
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        server.close()

@@ -2,8 +2,8 @@
 
 Two kinds: a classic session (`get_spark(master)`, its own driver JVM, what spark-submit and `ledgerbatch run`
 start) and a Spark Connect session (`get_spark(remote="sc://host:15002")`, a client of a long-lived Connect
-server, so Spark stays warm between runs). Both stage batches the same way; what ran on the driver's
-SparkContext has a Connect form here (`default_parallelism`, the package as a session artifact).
+server, so Spark stays warm between runs; connect.py). Both stage batches the same way; what ran on the
+driver's SparkContext has a Connect form (`default_parallelism` here, the package as a session artifact).
 """
 from __future__ import annotations
 
@@ -72,23 +72,26 @@ def register_sources(spark) -> None:
 
 def default_parallelism(spark) -> int:
     """The cluster's default parallelism (its cores): SparkContext.defaultParallelism on a classic session.
-    Spark Connect has no SparkContext: `spark.default.parallelism` where the server sets it, else the number
-    of splits Spark gives a `range` without a partition count (which is the default parallelism), found by
-    one small JVM-only query and kept in the session's conf (a kept session's next client reads it there)."""
+    Spark Connect has no SparkContext: `spark.default.parallelism` where the server sets it (`ledgerbatch
+    spark-server` does for local masters), else the number of splits Spark gives a `range` without a
+    partition count (which is the default parallelism), found by one small JVM-only query, cached by this
+    process only (a cluster's executors may still have been joining when a kept session was first used)."""
     if not is_connect(spark):
         return spark.sparkContext.defaultParallelism
-    known = spark.conf.get("spark.default.parallelism", None) or spark.conf.get(_PARALLELISM, None)
-    if known:
-        return int(known)
-    from pyspark.sql import functions as F
+    key = spark.session_id
+    if key not in _PARALLELISM:
+        configured = spark.conf.get("spark.default.parallelism", None)
+        if configured:
+            _PARALLELISM[key] = int(configured)
+        else:
+            from pyspark.sql import functions as F
 
-    ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
-    found = ids.agg(F.max("p")).first()[0] + 1
-    spark.conf.set(_PARALLELISM, str(found))
-    return found
+            ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+            _PARALLELISM[key] = ids.agg(F.max("p")).first()[0] + 1
+    return _PARALLELISM[key]
 
 
-_PARALLELISM = "ledgerbatch.default_parallelism"
+_PARALLELISM: dict[str, int] = {}
 
 
 def warm_up(spark) -> float:

@@ -34,10 +34,37 @@ def run_query(spark, parsed, spec: PipelineSpec):
 
     `batch` is bound inside the statement (a CTE over a DataFrame argument), not as a session temp view: two
     batches in one session (a kept Spark Connect session, a zombie attempt beside its successor) never read
-    each other's rows. Braces are doubled because PySpark formats the statement for the argument."""
-    query = spec.query.strip().rstrip(";").replace("{", "{{").replace("}", "}}")
-    return spark.sql(f"WITH {VIEW} AS (SELECT * FROM {{batch_rows}})\nSELECT * FROM (\n{query}\n)",
+    each other's rows. The wrapper stays on the query's first line, so Spark's line numbers are the query's.
+    Braces are doubled because PySpark formats the statement for the argument."""
+    query = statement(spec.query).replace("{", "{{").replace("}", "}}")
+    return spark.sql(f"WITH {VIEW} AS (SELECT * FROM {{batch_rows}}) SELECT * FROM ({query}\n)",
                      batch_rows=batch_view(parsed, spec))
+
+
+def statement(query: str) -> str:
+    """The query without what may follow it: whitespace, `;` and comments (which would end up inside the
+    wrapper's parentheses). Quoted text and comments are skipped while scanning, so a `;` or `--` in them
+    stays (pure)."""
+    end = at = 0
+    while at < len(query):
+        c = query[at]
+        if c in "'\"`":
+            at += 1
+            while at < len(query) and query[at] != c:
+                at += 2 if query[at] == "\\" else 1
+            at += 1
+            end = at
+        elif query.startswith("--", at):
+            newline = query.find("\n", at)
+            at = len(query) if newline < 0 else newline + 1
+        elif query.startswith("/*", at):
+            close = query.find("*/", at + 2)
+            at = len(query) if close < 0 else close + 2
+        else:
+            at += 1
+            if not (c.isspace() or c == ";"):
+                end = at
+    return query[:end]
 
 
 def output_columns(spark, spec: PipelineSpec) -> tuple[Column, ...]:

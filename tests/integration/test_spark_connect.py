@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -22,17 +21,13 @@ from .test_airflow import airflow_db, build, connections, states  # noqa: F401  
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def connect_server():
     """`ledgerbatch spark-server` on a free port (master local[2]); its sc:// URL. Stopped (its whole process
     group: the launcher, the server's JVM, its Python workers) afterwards."""
-    port = _free_port()
+    from ledgerbatch.connect_server import free_port
+
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ledgerbatch.cli", "spark-server", "--port", str(port),
                              "--master", "local[2]"], stdout=subprocess.PIPE, text=True, start_new_session=True,
                             cwd=REPO)
@@ -105,26 +100,35 @@ def _pids(spark) -> set[int]:
     return {r.pid for r in spark.range(0, 2, 1, 2).mapInArrow(_worker_pids, StructType([StructField("pid", LongType())])).collect()}
 
 
-def test_a_kept_session_outlives_its_client_and_keeps_the_workers_warm(connect_server):
+def test_a_kept_session_outlives_its_client_and_its_python_workers_serve_the_next(connect_server):
     """What the process task of a live batch does on each DAG run: attach to the pipeline's kept session. The
-    second client finds the package, the sources and the parallelism there, and the same Python workers."""
+    second client, within Spark's 60 s idle limit of Python workers, finds the package and the sources there,
+    and its tasks run in the same Python workers."""
     from ledgerbatch.connect import connect_spark, kept_session_id
 
     name = f"live:kept-{time.monotonic_ns()}"
     with connect_spark(connect_server, "first", keep=name) as spark:
         first = (spark.session_id, _pids(spark))
-        assert spark.conf.get("ledgerbatch.prepared") and spark.conf.get("ledgerbatch.default_parallelism", None) is None
-        from ledgerbatch.sparksession import default_parallelism
-
-        assert default_parallelism(spark) == 2
+        assert spark.conf.get("ledgerbatch.prepared")
     with connect_spark(connect_server, "second", keep=name) as spark:
         assert spark.session_id == first[0] == kept_session_id(name, 0)
-        assert spark.conf.get("ledgerbatch.default_parallelism") == "2"  # found by the first client
         assert _pids(spark) & first[1], "the second client's tasks ran in new Python workers"
         spark.stop()  # released on the server (what its idle timeout does): the id cannot be attached again
     with connect_spark(connect_server, "third", keep=name) as spark:
         assert spark.session_id == kept_session_id(name, 1)  # the next generation, prepared afresh
         assert _pids(spark)
+
+
+def test_a_failed_block_interrupts_its_jobs_and_leaves_the_kept_session_usable(connect_server):
+    from ledgerbatch.connect import connect_spark
+
+    name = f"live:interrupted-{time.monotonic_ns()}"
+    with pytest.raises(RuntimeError, match="the task gave up"):
+        with connect_spark(connect_server, "gives-up", keep=name) as spark:
+            session = spark.session_id
+            raise RuntimeError("the task gave up")
+    with connect_spark(connect_server, "next", keep=name) as spark:
+        assert spark.session_id == session and spark.range(3).count() == 3
 
 
 def test_queries_in_one_session_each_read_their_own_batch(connect_spark):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ledgerbatch.connect_server import CONNECT_SERVER_CLASS, connect_server_command
 
 
@@ -48,3 +50,27 @@ def test_the_server_command_is_the_wheels_spark_connect_server():
     cmd = connect_server_command(15123, "127.0.0.1", "local[2]")
     assert cmd[0].endswith("spark-submit") and cmd[1:3] == ["--class", CONNECT_SERVER_CLASS]
     assert "spark.connect.grpc.binding.port=15123" in cmd and cmd[cmd.index("--master") + 1] == "local[2]"
+
+
+def test_a_spark_connect_url_that_names_a_session_is_refused():
+    from ledgerbatch.connect import connect_session
+    from ledgerbatch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="names a session"):
+        connect_session("sc://127.0.0.1:15002/;session_id=0b0e5c6e-5d1c-4c8e-9d0e-3a3b0b1d2c4f", keep="live:orders")
+
+
+def test_kept_session_ids_differ_by_pipeline_generation_and_day():
+    import datetime as dt
+
+    from ledgerbatch.connect import kept_session_id
+
+    day = dt.date(2026, 11, 23)
+    ids = {kept_session_id(n, g, d) for n in ("live:a", "live:b") for g in (0, 1) for d in (day, day + dt.timedelta(1))}
+    assert len(ids) == 8 and kept_session_id("live:a", 0, day) == kept_session_id("live:a", 0, day)
+
+
+def test_a_local_masters_parallelism_is_set_on_the_server():
+    cmd = connect_server_command(15123, "127.0.0.1", "local[3]")
+    assert "spark.default.parallelism=3" in cmd
+    assert not any(c.startswith("spark.default.parallelism") for c in connect_server_command(master="spark://m:7077"))

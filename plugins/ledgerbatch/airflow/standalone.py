@@ -115,18 +115,20 @@ class AirflowStandalone:
         (self.home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
         self.log_path = self.home / "standalone.log"
         self.event_driven = {p for p in PIPELINES if load_spec(settings.pipelines_dir, p).event_driven}
+        self.reported: set[str] = set()
+        self.proc = None
         started = time.monotonic()
         self.spark = LocalConnectServer(output=(self.home / "spark-connect.log").open("w"))
-        print(f"Spark Connect server: {self.spark.url} (the process tasks run there; log "
-              f"{self.home / 'spark-connect.log'}), up in {time.monotonic() - started:.0f}s", flush=True)
-        self.env = airflow_env(setup, self.home, fresh_database(settings.db_url, "ledgerbatch_airflow"), port)
-        self.env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
-            {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.spark.port})
-        print(f"starting Airflow (standalone, home {self.home}, log {self.log_path}) ...", flush=True)
-        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env,
-                                     stdout=self.log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-        self.reported: set[str] = set()
         try:
+            print(f"Spark Connect server: {self.spark.url} (the process tasks run there; log "
+                  f"{self.home / 'spark-connect.log'}), up in {time.monotonic() - started:.0f}s", flush=True)
+            self.env = airflow_env(setup, self.home, fresh_database(settings.db_url, "ledgerbatch_airflow"), port)
+            self.env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
+                {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.spark.port})
+            print(f"starting Airflow (standalone, home {self.home}, log {self.log_path}) ...", flush=True)
+            self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env,
+                                         stdout=self.log_path.open("w"), stderr=subprocess.STDOUT,
+                                         start_new_session=True)
             _wait("Airflow to start and parse the DAGs", lambda: _dags_listed(self.env), 300)
         except BaseException:
             self.close()
@@ -162,20 +164,34 @@ class AirflowStandalone:
                     raise ConfigError(f"DAG run {run['run_id']} failed: see the UI or {self.log_path}")
         return runs
 
-    def delivered_in(self, pipeline: str, timeout: float = 300) -> float:
-        """Seconds from now until the ledger has delivered everything in the pipeline's topic (its cursors
-        only move in a commit), polled every 0.2 s."""
+    def delivered_in(self, pipeline: str, offsets: int, timeout: float = 300) -> float:
+        """Seconds from now until the ledger's cursors cover the first `offsets` offsets of the pipeline's topic
+        (they move only in a commit): one query every 0.2 s, nothing that loads the broker."""
         started = time.monotonic()
-        while _lag(self.setup, pipeline):
+        while True:
+            with self.setup.engine.connect() as conn:
+                if sum(ledger.cursors(conn, pipeline).values()) >= offsets:
+                    return time.monotonic() - started
             if time.monotonic() - started > timeout:
                 raise ConfigError(f"{pipeline}: not delivered {timeout:.0f}s after producing: see {self.log_path}")
             if self.proc.poll() is not None:
                 raise ConfigError(f"airflow standalone exited with {self.proc.returncode}: see {self.log_path}")
             time.sleep(0.2)
-        return time.monotonic() - started
+
+    def newest_run(self, pipeline: str, timeout: float = 300) -> dict:
+        """The pipeline's most recently started DAG run, once it has finished (raises if it failed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = self.report_runs(pipeline)
+            newest = max(runs, key=lambda r: r.get("start_date") or "", default=None)
+            if newest is not None and newest["state"] in ("success", "failed"):
+                return newest
+            time.sleep(1)
+        raise ConfigError(f"{_dag_id(pipeline)}: no finished run within {timeout:.0f}s: see {self.log_path}")
 
     def close(self) -> None:
-        stop_group(self.proc, 30)
+        if self.proc is not None:
+            stop_group(self.proc, 30)
         self.spark.close()
 
 
@@ -189,8 +205,8 @@ def run_with_airflow(settings: Settings, records: int, partitions: int, port: in
         if "orders" in airflow.event_driven:  # new records start a run by themselves
             setup.produce_more_orders(NEW_ORDERS)
             print(f"produced {NEW_ORDERS} more orders; nobody triggers ledgerbatch_orders ...", flush=True)
-            seconds = airflow.delivered_in("orders")
-            run = max(airflow.report_runs("orders"), key=lambda r: r.get("end_date") or "")
+            seconds = airflow.delivered_in("orders", setup.records)
+            run = airflow.newest_run("orders")
             print(f"ledgerbatch_orders: its watcher started run {run['run_id']}; produced to committed in "
                   f"{seconds:.1f}s\n", flush=True)
         report(setup)
