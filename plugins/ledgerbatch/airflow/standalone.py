@@ -16,8 +16,8 @@ from sqlalchemy.engine import make_url
 
 from .. import ledger
 from ..config import REPO_ROOT, Settings
-from ..db import fresh_database
 from ..connect_server import LocalConnectServer
+from ..db import fresh_database
 from ..demo import PIPELINES, DemoSetup, prepare, report
 from ..errors import ConfigError
 from ..processes import stop_group

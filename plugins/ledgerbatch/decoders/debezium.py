@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from abc import ABC, abstractmethod
 import datetime as dt
+from abc import ABC, abstractmethod
 from decimal import Decimal
 from typing import Callable
 
