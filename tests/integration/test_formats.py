@@ -145,9 +145,12 @@ def test_registry_down_fails_the_batch_then_the_next_run_delivers_once(engine, d
                                 {"p": p.name}).scalar_one() == 0
             assert conn.execute(text("SELECT to_regclass(:t)"), {"t": f'public."{p.table}"'}).scalar_one() is None
         own.start()
-        own.fail(503, times=4)  # 5xx answers fail the batch as well; then the registry heals
+        # 5xx answers fail the batch as well. Every request fails until heal(): a count of failing answers would
+        # depend on how many tasks asked, and on a cancelled task's retries, which a loaded machine reorders.
+        own.fail(503)
         with pytest.raises(BatchFailedError, match="answered 503"):
             run(engine, db_url, broker, spark, p.spec)
+        own.heal()
         run(engine, db_url, broker, spark, p.spec)
         assert_exactly_once(engine, p, broker.bootstrap_servers, set(acked), set())
 
