@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ledgerbatch.connect_server import free_port
 from ledgerbatch.processes import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,12 +26,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 USER, PASSWORD = "admin", "form-test"
 TITLES = {"topic": "Topic", "partitions": "Partitions", "from_offset": "From offset", "until_offset": "Until offset",
           "from_time": "From time", "until_time": "Until time"}  # the optional params and their titles
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _airflow(env: dict, *args: str) -> None:
@@ -45,7 +39,7 @@ def airflow_ui(tmp_path_factory):
     """A real api-server on a free port with the repo's DAGs serialized into its database; yields its base URL."""
     home = tmp_path_factory.mktemp("airflow-ui")
     (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from ledgerbatch.connect_server import free_port
+
 from .helpers import assert_exactly_once, cli, order_value, produce
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _master_state(ui_port: int) -> dict:
@@ -36,7 +31,7 @@ def standalone(tmp_path_factory):
     """spark://127.0.0.1:PORT with one worker; both stopped (whole process groups) afterwards."""
     work = tmp_path_factory.mktemp("spark-standalone")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "SPARK_LOCAL_IP": "127.0.0.1"}
-    port, ui_port = _free_port(), _free_port()
+    port, ui_port = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
     procs = []
 
@@ -61,7 +56,7 @@ def standalone(tmp_path_factory):
               "--webui-port", str(ui_port))
         wait("master", lambda: _master_state(ui_port)["status"] == "ALIVE")
         start("worker", "org.apache.spark.deploy.worker.Worker", url, "--cores", "2", "--memory", "2g",
-              "--work-dir", str(work / "work"), "--webui-port", str(_free_port()))
+              "--work-dir", str(work / "work"), "--webui-port", str(free_port()))
         wait("worker", lambda: _master_state(ui_port)["aliveworkers"] >= 1)
         yield url, ui_port
     finally:
