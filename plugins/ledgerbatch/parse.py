@@ -16,6 +16,7 @@ from pyspark.sql.types import (
 from .convert import BadValue, converter, show
 from .convert_nested import dumps
 from .decoders import DELETE, SKIP, Decoder, make_change_decoder, make_decoder
+from .json_columns import JsonColumns
 from .schema import COORDINATES, METADATA, Column
 from .source import Records
 
@@ -108,6 +109,7 @@ class Parser:
         self.fields = [(c.name, convert) for c, convert in zip(columns, self.converters)]
         self.required_at = [(i, c.name) for i, c in enumerate(columns) if c.name in required]
         self.empty_row = (None,) * len(columns)
+        self.chunked = JsonColumns.for_parser(columns, required, self.decoder, changes)  # None: record by record
 
     def _row(self, raw: bytes | None) -> list | tuple:
         return self._typed(self.decoder.decode(raw))
@@ -131,41 +133,19 @@ class Parser:
     def parse(self, topic: str, partition: int, records: Records):
         import pyarrow as pa
 
-        columns, required_at = self.columns, self.required_at
         keys, values = records.keys, records.values
-        rows, bad = [], {}  # bad: position -> reason
-        headers = [] if "headers" in self.metadata else None
-        empty_row = self.empty_row
-        changes = [] if self.changes else None
-        for at, value in enumerate(values):
-            try:
-                if changes is None:
-                    row = self._row(value)
-                else:
-                    change, row = self._change(keys[at], value)
-                    changes.append(change)
-                for i, name in (required_at if changes is None or changes[-1] != SKIP else ()):
-                    if row[i] is None:
-                        raise BadValue(f"field {name}: missing or null, but it is part of the target key")
-                if headers is not None:
-                    headers.append(headers_json(records.headers[at]))
-                rows.append(row)
-            except BadValue as exc:
-                rows.append(empty_row)
-                bad[at] = str(exc)
-                if changes is not None:
-                    changes[at:] = [None]
-                if headers is not None:
-                    headers.append(None)
         n = len(values)
+        typed = self.chunked.arrays(values) if self.chunked else None
+        bad, changes = {}, None  # bad: position -> reason
+        if typed is None:
+            typed, bad, changes = self._each(keys, values)
         field = self.schema.field
-        typed = [pa.array(col, field(i).type) for i, col in enumerate(zip(*rows))] if rows else \
-            [pa.nulls(0, field(i).type) for i in range(len(columns))]
         if "timestamp" in self.metadata:
             typed.append(pa.array(records.timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
                          .cast(field("_timestamp").type))
-        if headers is not None:
-            typed.append(pa.array(headers, pa.string()))
+        if "headers" in self.metadata:
+            typed.append(pa.array([None if at in bad else headers_json(h) for at, h in enumerate(records.headers)],
+                                  pa.string()))
         all_keys = "key" in self.metadata  # the `_key` column: every key, or bad records' keys only
         if bad or all_keys:
             errors = [bad.get(at) for at in range(n)]
@@ -179,6 +159,35 @@ class Parser:
         if changes is not None:
             lineage.append(pa.array(changes, pa.string()))
         return pa.RecordBatch.from_arrays(typed + lineage + extra, schema=self.schema)
+
+    def _each(self, keys: list, values: list) -> tuple[list, dict, list | None]:
+        """Record by record: the typed columns, the bad records' reasons by position, and (change
+        pipelines) what each record does."""
+        import pyarrow as pa
+
+        required_at, empty_row = self.required_at, self.empty_row
+        rows, bad = [], {}
+        changes = [] if self.changes else None
+        for at, value in enumerate(values):
+            try:
+                if changes is None:
+                    row = self._row(value)
+                else:
+                    change, row = self._change(keys[at], value)
+                    changes.append(change)
+                for i, name in (required_at if changes is None or changes[-1] != SKIP else ()):
+                    if row[i] is None:
+                        raise BadValue(f"field {name}: missing or null, but it is part of the target key")
+                rows.append(row)
+            except BadValue as exc:
+                rows.append(empty_row)
+                bad[at] = str(exc)
+                if changes is not None:
+                    changes[at:] = [None]
+        field = self.schema.field
+        typed = [pa.array(col, field(i).type) for i, col in enumerate(zip(*rows))] if rows else \
+            [pa.nulls(0, field(i).type) for i in range(len(self.columns))]
+        return typed, bad, changes
 
 
 def make_parser(columns: tuple[Column, ...], required: tuple[str, ...], fmt: str, options: dict | None,

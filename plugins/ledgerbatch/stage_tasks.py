@@ -134,10 +134,21 @@ def _copy(cur, sql: str, arrays: list) -> None:
     import pyarrow.csv as pcsv
 
     sink = io.BytesIO()
-    table = pa.Table.from_arrays(arrays, names=[str(i) for i in range(len(arrays))])
+    table = pa.Table.from_arrays([_csv_ready(a) for a in arrays], names=[str(i) for i in range(len(arrays))])
     pcsv.write_csv(table, sink, pcsv.WriteOptions(include_header=False))
     sink.seek(0)
     cur.copy_expert(sql, sink, size=1 << 20)
+
+
+def _csv_ready(array):
+    """A UTC timestamp column as the text the CSV writer would give it: Arrow writes a naive timestamp ~40x
+    faster than a zoned one (it looks the zone up per value), and the same instant with a "Z" is that text."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_timestamp(array.type) or array.type.tz != "UTC":
+        return array
+    return pc.binary_join_element_wise(array.cast(pa.timestamp(array.type.unit)).cast(pa.string()), "Z", "")
 
 
 def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
