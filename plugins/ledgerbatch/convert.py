@@ -84,7 +84,8 @@ def _decimal_converter(col: Column):
             raise BadValue(f"{show(v)} is not a decimal number") from None
         if not d.is_finite():
             raise BadValue(f"{show(v)} is not a finite number")
-        d = d.quantize(quantum, rounding=ROUND_HALF_UP, context=_WIDE) if d.adjusted() < 40 else d
+        # A huge value is refused below unrounded; a zero's exponent says nothing of its size (0E+48).
+        d = d.quantize(quantum, rounding=ROUND_HALF_UP, context=_WIDE) if d.adjusted() < 40 or not d else d
         if abs(d) >= limit:
             raise BadValue(f"{show(v)} does not fit DECIMAL({col.precision},{col.scale})")
         return d

@@ -74,7 +74,7 @@ def _map_key(col: Column) -> Callable:
         if isinstance(k, str) and col.type in ("SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "DECIMAL", "BOOLEAN"):
             try:
                 k = json.loads(k, parse_float=Decimal)
-            except ValueError:
+            except (ValueError, ArithmeticError):  # ArithmeticError: an exponent past Decimal's
                 raise BadValue(f"map key {show(k)} is not of type {col.spark_ddl}") from None
         converted = scalar(k)
         return _array_text(converted) if not isinstance(converted, str) else converted

@@ -4,7 +4,7 @@ staged columns, for specs whose columns are all flat scalars.
 A shortcut, never a second set of rules: `JsonColumns.arrays` answers only when its columns are exactly
 what the per-record path (decoders/json.py, then convert.py) stages for every record of the chunk, and
 None otherwise (then the per-record path parses the chunk and says why a record is bad). Arrow's reader
-is looser than Python's json in places (NaN, ignored fields that are too deep or too long for Python, a
+is looser than Python's json in places (NaN and Inf, exponents past Decimal's, ignored fields that are too deep or too long for Python, a
 byte-order mark, blank lines) and stricter in others (a number in a STRING column, a decimal with more
 places than the column): the checks before and after the read send every such chunk the long way.
 tests/unit/test_json_columns.py holds the two paths to the same answers.
@@ -26,7 +26,9 @@ _FLOAT_MAX = 3.4028234663852886e38  # what convert.py lets into a FLOAT
 # Python's json refuses what Arrow's reader takes: nesting past the recursion limit, an integer literal
 # past sys.get_int_max_str_digits() (4300). Values long enough to hold either are checked one by one.
 _DEEP, _LONG_INT = 400, 4300
-_CONSTANT = re.compile(rb"[:,\[]\s*-?(?:NaN|Infinity)")  # as a value (Arrow reads them; json here refuses them)
+# Values Arrow reads and json here refuses: NaN, Inf, Infinity (and negated), and numbers whose exponent
+# is past Decimal's (1e-40056105555952976624); an RE2 pattern over each value, wherever it is.
+_SUSPECT = r"[:,\[]\s*-?(?:NaN|Inf)|[eE][+-]?0*[0-9]{18}"
 _LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (_LONG_INT + 1))
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MIN_US = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc) - _EPOCH) // dt.timedelta(microseconds=1)
@@ -65,9 +67,9 @@ class JsonColumns:
         import pyarrow.compute as pc
         import pyarrow.json as pj
 
-        if not values or not _plain(values):
+        blob = _plain(values)
+        if blob is None:
             return None
-        blob = b"\n".join(values)
         try:
             table = pj.read_json(io.BytesIO(blob), read_options=pj.ReadOptions(use_threads=False, block_size=len(blob) + 1),
                                  parse_options=self.parse_options)
@@ -87,32 +89,35 @@ class JsonColumns:
         return out
 
 
-def _plain(values: list) -> bool:
-    """Every value is one UTF-8 JSON object on one line that Python's json reads as Arrow's does."""
+def _plain(values: list) -> bytes | None:
+    """The values as lines, if every value is one UTF-8 JSON object on one line that Python's json reads
+    as Arrow's does; else None."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if not values:
+        return None
     raw = pa.array(values, pa.binary())
     # Starting with "{" (no whitespace, no byte-order mark) every line holds at least one document,
     # so a row count equal to the values' means one each.
     if raw.null_count or not pc.all(pc.starts_with(raw, b"{")).as_py():
-        return False
+        return None
     text = b"\n".join(values)
     if text.count(b"\n") != len(values) - 1 or b"\r" in text:
-        return False
-    if (b"NaN" in text or b"Infinity" in text) and _CONSTANT.search(text):
-        return False
+        return None
+    if pc.any(pc.match_substring_regex(raw, _SUSPECT)).as_py():
+        return None
     try:
         text.decode("utf-8")
     except UnicodeDecodeError:
-        return False
+        return None
     longest = pc.max(pc.binary_length(raw)).as_py()
     if longest >= _DEEP:
         for v in values:
             if len(v) >= _DEEP and (v.count(b"{") + v.count(b"[") >= _DEEP or
                                     len(v) > _LONG_INT and _LONG_DIGITS.search(v)):
-                return False
-    return True
+                return None
+    return text
 
 
 def _read_type(col: Column):
@@ -123,7 +128,10 @@ def _read_type(col: Column):
     return {
         "STRING": pa.string, "BOOLEAN": pa.bool_, "DOUBLE": pa.float64,
         "FLOAT": pa.float64,  # read as convert.py does (a double), range-checked, then narrowed
-        "DECIMAL": lambda: pa.decimal128(col.precision, col.scale),
+        # Arrow checks a number's digits against the type's precision, but not the digits it gains when
+        # scaled up: "1e30" read into decimal128(38, 10) wraps around. 76 - scale digits scale up within
+        # a decimal256, and staging narrows to decimal128(p, s) once the range is checked.
+        "DECIMAL": lambda: pa.decimal256(76 - col.scale, col.scale),
         "TIMESTAMP": lambda: pa.timestamp("us", tz="UTC"),
         "DATE": pa.string,  # Arrow's JSON reader reads dates from numbers only: cast after
     }[col.type]()
@@ -133,15 +141,18 @@ def _staged(col: Column, array, pa, pc):
     """A read column as staged, or None where convert.py would refuse one of its values."""
     if col.type == "STRING":
         return None if pc.any(pc.match_substring(array, "\x00")).as_py() else array
+    if col.type == "DOUBLE":  # Arrow reads some numbers past a double's range as infinite (-11657660570502012e+299)
+        return None if pc.any(pc.is_inf(array)).as_py() else array
     if col.type == "FLOAT":
         if pc.any(pc.greater(pc.abs(array), _FLOAT_MAX)).as_py():
             return None
         return pc.cast(array, pa.float32(), safe=False)
-    if col.type == "DECIMAL":
-        # Arrow checks the digits after the point, not the precision: 12345678901.5 reads into DECIMAL(12,2).
+    if col.type == "DECIMAL":  # convert.py's range: less than 10^(p-s), after rounding to the scale
         limit = Decimal(10) ** (col.precision - col.scale)
         low, high = pc.min_max(array).values()
-        return None if low.is_valid and (abs(low.as_py()) >= limit or abs(high.as_py()) >= limit) else array
+        if low.is_valid and (abs(low.as_py()) >= limit or abs(high.as_py()) >= limit):
+            return None
+        return array.cast(pa.decimal128(col.precision, col.scale))
     if col.type == "TIMESTAMP":
         return array if _within(array.cast(pa.int64()), _MIN_US, _MAX_US, pc) else None
     if col.type == "DATE":

@@ -28,6 +28,17 @@ def test_numbers_and_booleans_keep_their_json_text_in_strings():
     assert parse(b'{"s": true}')["s"] == "true"
 
 
+def test_zero_with_any_exponent_is_zero():
+    """Staged, not only converted: Arrow refuses Decimal('0E+48') for a DECIMAL(6,2) column."""
+    from ledgerbatch.parse import Parser
+    from ledgerbatch.source import Records
+
+    parser = Parser(COLUMNS)
+    parser.chunked = None  # the per-record path
+    batch = parser.parse("t", 0, Records([0, 1], [None, None], [b'{"d": 0e48}', b'{"d": "-0.000E+99"}']))
+    assert batch.column("d").to_pylist() == [Decimal("0.00"), Decimal("0.00")]
+
+
 def test_naive_timestamps_are_utc():
     assert parse(b'{"ts": "2026-01-02 03:04:05"}')["ts"] == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
 
@@ -56,6 +67,7 @@ def test_naive_timestamps_are_utc():
     (b'{"s": "nul\\u0000"}', "NUL character"),
     (b"[" * 100_000, "nested too deeply"),
     (b'{"i": ' + b"1" * 5000 + b"}", "not valid JSON"),
+    (b'{"extra": 1e-40056105555952976624}', "^value is not valid JSON: a number's exponent is out of range$"),
     (b'{"f": 1' + b"0" * 400 + b"}", "field f: .* does not convert to DOUBLE"),
     (b'{"s": "\\ud800"}', "unpaired UTF-16 surrogate"),
     (b'{"ts": "0001-01-01T00:00:00+05:00"}', "field ts: .* does not convert to TIMESTAMP"),

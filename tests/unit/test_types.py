@@ -134,3 +134,10 @@ def test_protobuf_columns_of_a_message_that_contains_itself():
     node = message_class("t.Node", proto).DESCRIPTOR
     assert [_field_type(f) for f in node.fields] == ["STRING", "ARRAY<STRUCT<name: STRING, children: ARRAY<VARIANT>, "
                                                      "sizes: ARRAY<DECIMAL(20,0)>>>", "ARRAY<DECIMAL(20,0)>"]
+
+
+def test_map_keys_past_decimal_range_are_bad_records():
+    col = parse_schema("m MAP<DECIMAL(5,2), INT>")[0]
+    assert converter(col)({"1.5": 2}) == '{"1.50":2}'
+    with pytest.raises(BadValue, match="map key .* is not of type DECIMAL"):
+        converter(col)({"1e-99999999999999999999": 1})
