@@ -44,7 +44,7 @@ class JsonDecoder:
             raise BadValue(f"value is not valid JSON: {exc.msg} at char {exc.pos}") from None
         except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
             raise BadValue(f"value is not valid JSON: {exc}") from None
-        except ArithmeticError:  # decimal.InvalidOperation: Decimal takes no exponent of 19 digits or more
+        except ArithmeticError:  # decimal.InvalidOperation: an exponent past Decimal's (±999999999999999999)
             raise BadValue("value is not valid JSON: a number's exponent is out of range") from None
         if not isinstance(obj, dict):
             raise BadValue(f"value is JSON {type(obj).__name__ if obj is not None else 'null'}, not an object")
