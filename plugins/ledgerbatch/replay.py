@@ -134,18 +134,28 @@ class Diff:
     quarantined: int
 
 
+def staged_diff(engine: Engine, spec: PipelineSpec, batch_id: int) -> Diff:
+    """What committing a staged replay would do to the target; the batch stays staged."""
+    with engine.begin() as conn:
+        return _diff(conn, spec, batch_id)
+
+
 def dry_run_diff(engine: Engine, spec: PipelineSpec, batch_id: int) -> Diff:
     """Compare a staged replay with the target, then abandon it: the target is not touched."""
     with engine.begin() as conn:
-        batch = ledger.get_batch(conn, batch_id, for_update=True)
-        if batch.status != BatchStatus.STAGED:
-            raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged")
-        row = mode_for(spec).diff(conn, spec_for_batch(spec, batch.output_schema), batch)
-        diff = Diff(row.added, row.removed, row.changed, row.unchanged, batch.rows_quarantined)
+        diff = _diff(conn, spec, batch_id)
         ledger.mark_abandoned(conn, batch_id, f"dry run: {diff}")
     tables.drop_finished_staging(engine, spec.name)
     log.info("dry run of batch %d: %s", batch_id, diff)
     return diff
+
+
+def _diff(conn, spec: PipelineSpec, batch_id: int) -> Diff:
+    batch = ledger.get_batch(conn, batch_id, for_update=True)  # a committer of it waits, or has finished
+    if batch.status != BatchStatus.STAGED:
+        raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged")
+    row = mode_for(spec).diff(conn, spec_for_batch(spec, batch.output_schema), batch)
+    return Diff(row.added, row.removed, row.changed, row.unchanged, batch.rows_quarantined)
 
 
 def request_from_params(spec: PipelineSpec, params: dict) -> ReplayRequest:

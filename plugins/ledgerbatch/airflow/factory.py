@@ -15,7 +15,7 @@ from ..errors import SpecError
 from ..spec import PipelineSpec, parse_spec_file
 from .hooks import LedgerHook
 from .operators import (CommitBatchOperator, PlanBatchOperator, PlanReplayOperator, ProcessBatchOperator,
-                        VerifyOperator)
+                        ReviewBatchOperator, VerifyOperator)
 from .triggers import NewDataTrigger
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,8 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
               "**replay**: exactly the target rows (and quarantined records) of those source coordinates are "
               "replaced in one transaction. A range before the pipeline's start offset is a **backfill**. The "
               "live cursors never move. `dry_run` stages the result and reports the row diff without changing "
-              "the target. Everything is recorded in `ledger.batches` (kind replay/backfill).")
+              "the target. `approve` (not a dry run) shows that diff under Required actions and commits only "
+              "once a person approves it. Everything is recorded in `ledger.batches` (kind replay/backfill).")
     if left_out:
         doc_md += ("\n\n**Pipelines left out** (no DAG, not in this form; fix the spec and the next parse picks "
                    "it up):\n\n" + "\n".join(f"- `{item.spec_path}`: {item.reason}" for item in left_out))
@@ -174,6 +175,9 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
             "until_time": Param(None, type=["null", "string"], format="date-time", title="Until time",
                                 description="The end of the time window."),
             "dry_run": Param(True, type="boolean", title="Dry run", description="Stage and report the diff only."),
+            "approve": Param(False, type="boolean", title="Approve before committing",
+                             description="Before committing, show the diff under Required actions and wait "
+                                         "for a person to approve it; a rejection abandons the batch."),
         },
     ) as dag:
         plan = PlanReplayOperator(task_id="plan", request="{{ params | tojson }}",
@@ -186,8 +190,13 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
                                             "A replay or backfill committed here makes an event on the target's "
                                             "Asset (through the alias `ledgerbatch_replays`).",
                                      outlets=[REPLAYS], **common)
+        review = ReviewBatchOperator(task_id="review", batch_id=BATCH_ID,
+                                     approve="{{ params.approve and not params.dry_run }}",
+                                     doc_md="With `approve` (and not a dry run): show the staged diff and wait "
+                                            "for a person to approve the commit or reject it (which abandons "
+                                            "the batch). Otherwise it passes at once.", **common)
         verify = VerifyOperator(task_id="verify", doc_md=TASK_DOCS["verify"], retries=0, **common)
-        plan >> process >> commit >> verify
+        plan >> process >> review >> commit >> verify
     return dag
 
 

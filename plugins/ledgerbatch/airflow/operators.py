@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
@@ -215,6 +216,55 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
         keep = f"live:{spec.name}" if live else None
         with connect_spark(remote, f"ledgerbatch-{spec.name}-batch-{self.batch_id}", keep) as spark:
             process_batch(spark, engine, spec, int(self.batch_id), settings.db_url, settings.bootstrap_servers)
+
+
+class ReviewBatchOperator(LedgerbatchBaseOperator, ApprovalOperator):
+    """The backfill DAG's approval step (Airflow's human-in-the-loop, 3.1+). With `approve`, it shows the
+    staged replay's diff against the target in Airflow's Required actions and waits for a person:
+    Approve, and `commit` goes on; Reject, and the batch is abandoned (commit and verify are skipped).
+    Without `approve` it passes at once.
+
+    :param batch_id: The staged batch, usually the plan task's XCom (templated).
+    :param approve: Wait for a person: a bool, or a string "true"/"1" (templated).
+    """
+
+    template_fields = (*ApprovalOperator.template_fields, *LedgerbatchBaseOperator.template_fields, "batch_id",
+                       "approve")
+
+    def __init__(self, *, batch_id: str, approve: bool | str = False, **kwargs: Any):
+        super().__init__(subject="Commit this replay?", **kwargs)
+        self.batch_id = batch_id
+        self.approve = approve
+
+    def execute(self, context):
+        from .. import ledger
+        from ..replay import staged_diff
+
+        if str(self.approve).lower() not in ("true", "1"):
+            self.log.info("batch %s: no approval asked for", self.batch_id)
+            return None
+        engine, spec = self._engine_and_spec()
+        diff = staged_diff(engine, spec, int(self.batch_id))
+        with engine.connect() as conn:
+            batch = ledger.get_batch(conn, int(self.batch_id))
+        self.subject = f"Commit {batch.kind} batch {batch.batch_id} of {spec.name}?"
+        self.body = (f"Committing replaces the target rows of these source coordinates in "
+                     f"`{spec.target_schema}.{spec.target_table}` in one transaction:\n\n"
+                     + "\n".join(f"- `{r}`" for r in batch.ranges)
+                     + "\n\n| rows added | removed | changed | unchanged | bad records |\n| ---: | ---: | ---: | ---: | ---: |\n"
+                     + f"| {diff.added} | {diff.removed} | {diff.changed} | {diff.unchanged} | {diff.quarantined} |\n\n"
+                     "Reject abandons the batch: the target stays as it is.")
+        self.log.info("batch %s waits for approval: %s", self.batch_id, diff)
+        return super().execute(context)
+
+    def execute_complete(self, context, event: dict[str, Any]) -> Any:
+        from ..abandon import abandon_batch
+
+        if event.get("chosen_options") == [self.REJECT]:  # before super() skips commit and verify
+            engine, spec = self._engine_and_spec()
+            by = (event.get("responded_by_user") or {}).get("name") or "a reviewer"
+            abandon_batch(engine, spec, int(self.batch_id), by, "rejected in the backfill DAG's review")
+        return super().execute_complete(context, event)
 
 
 class CommitBatchOperator(LedgerbatchBaseOperator):
