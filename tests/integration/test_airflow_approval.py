@@ -82,17 +82,22 @@ def replayed(connections, engine, broker, make_pipeline, monkeypatch):
     return p, acked, build(p, monkeypatch)["ledgerbatch_backfill"], conf
 
 
-def test_an_approved_replay_commits_after_the_person_saw_its_diff(api, replayed, engine, broker):
-    p, acked, backfill, conf = replayed
-    before = _target(engine, p)
-    reviewer = Reviewer(api, "Approve")
+def _answered(api, backfill, conf: dict, choice: str):
+    """dag.test() of the backfill while a reviewer answers `choice`; the run and what the reviewer saw."""
+    reviewer = Reviewer(api, choice)
     reviewer.start()
     run = backfill.test(run_conf=conf)
     reviewer.join(10)
     assert reviewer.error is None, reviewer.error
     assert str(run.state) == "success", states(run)
+    return run, reviewer.seen
+
+
+def test_an_approved_replay_commits_after_the_person_saw_its_diff(api, replayed, engine, broker):
+    p, acked, backfill, conf = replayed
+    before = _target(engine, p)
+    run, shown = _answered(api, backfill, conf, "Approve")
     assert states(run)["commit"] == "success"
-    shown = reviewer.seen
     assert shown["subject"].startswith("Commit replay batch") and p.name in shown["subject"]
     assert "| 0 | 0 | 5 | 0 | 0 |" in shown["body"], shown["body"]  # added, removed, changed, unchanged, bad
     after = _target(engine, p)
@@ -104,12 +109,7 @@ def test_an_approved_replay_commits_after_the_person_saw_its_diff(api, replayed,
 def test_a_rejected_replay_is_abandoned_and_the_target_is_unchanged(api, replayed, engine, broker):
     p, acked, backfill, conf = replayed
     before = _target(engine, p)
-    reviewer = Reviewer(api, "Reject")
-    reviewer.start()
-    run = backfill.test(run_conf=conf)
-    reviewer.join(10)
-    assert reviewer.error is None, reviewer.error
-    assert str(run.state) == "success", states(run)
+    run, _ = _answered(api, backfill, conf, "Reject")
     assert states(run)["commit"] == "skipped" and states(run)["review"] == "success"
     assert _target(engine, p) == before
     batch = _replay_batch(engine, p)
