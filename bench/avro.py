@@ -16,8 +16,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ledgerbatch.demodata import order
-from ledgerbatch.devregistry import DevRegistry
+from ledgerbatch.dev.demodata import order
+from ledgerbatch.dev.registry import DevRegistry
 
 from . import lb
 

@@ -14,7 +14,8 @@ import psutil
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from ledgerbatch import db, kafka
+from ledgerbatch.source import kafka
+from ledgerbatch.ledger.engine import fresh_database as create_database
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -35,7 +36,7 @@ def child_env(**extra: str) -> dict[str, str]:
 def fresh_database(name: str) -> str:
     """Drop and create database `name` (always prefixed DB_PREFIX) on the server; returns its URL."""
     assert name.startswith(DB_PREFIX), name
-    return db.fresh_database(SERVER_URL, name)
+    return create_database(SERVER_URL, name)
 
 
 def libpq(url: str) -> str:

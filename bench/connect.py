@@ -42,7 +42,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from . import floor  # noqa: E402
-from ledgerbatch.connect_server import LocalConnectServer  # noqa: E402
+from ledgerbatch.spark.server import LocalConnectServer  # noqa: E402
 
 from .common import BIN, DB_PREFIX, SERVER_URL, DevBrokerProcess, check_retained, count_rows, fresh_database  # noqa: E402
 from .lb import write_spec  # noqa: E402
@@ -69,8 +69,8 @@ def connections(db_url: str, bootstrap: str, remote: str | None) -> None:
 
 
 def ledger_db(name: str) -> str:
-    from ledgerbatch.db import make_engine
-    from ledgerbatch.migrate import migrate
+    from ledgerbatch.ledger.engine import make_engine
+    from ledgerbatch.ledger.migrations import migrate
 
     url = fresh_database(name)
     engine = make_engine(url)
@@ -98,7 +98,7 @@ def dag_run(pipelines_dir: Path, name: str) -> dict:
 
 def small_runs(bootstrap: str, workdir: Path, remote: str | None, repeats: int, records: int, label: str) -> list[dict]:
     """`repeats` DAG runs of `records` new orders each into one pipeline (after one unmeasured warm-up run)."""
-    from ledgerbatch.demodata import produce_orders
+    from ledgerbatch.dev.demodata import produce_orders
 
     name = f"connect_small_{label}"
     url = ledger_db(f"{DB_PREFIX}{label}")
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     server = None
     try:
         print(f"dev broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
-        from ledgerbatch.demodata import produce_orders
+        from ledgerbatch.dev.demodata import produce_orders
 
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
         check_retained(broker.bootstrap, TOPIC, args.records)

@@ -17,10 +17,10 @@ import signal
 import statistics
 import sys
 
-from ledgerbatch.airflow.standalone import AirflowStandalone
+from ledgerbatch.dev.airflow_demo import AirflowStandalone
 from ledgerbatch.config import Settings
-from ledgerbatch.connect_server import free_port
-from ledgerbatch.demo import prepare
+from ledgerbatch.spark.server import free_port
+from ledgerbatch.dev.demo import prepare
 
 from .common import count_rows
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from ledgerbatch.demodata import produce_orders
+from ledgerbatch.dev.demodata import produce_orders
 
 from . import lb
 from .common import BIN, DB_PREFIX, REPO, count_rows, fresh_database, run_measured

@@ -194,7 +194,7 @@ Avro contender.
 - **Registry requests**: the registry counts every request it receives by route; the harness reads the count of
   `GET /schemas/ids/{{id}}` (how a deserializer fetches a writer schema) before starting the Avro follower and
   after it has exited, so everything the follower asked for is in it. The staging tasks are not counted from the
-  requests but computed as `plugins/ledgerbatch/stage.py` starts them: min(ranges of the batch, from
+  requests but computed as `plugins/ledgerbatch/stage/driver.py` starts them: min(ranges of the batch, from
   `ledger.batch_ranges`, 2 x Spark's default parallelism, which under `local[*]` is the cores the process may
   use). The schema ids are those in the produced values' wire-format prefix. The figure is requests / (schema ids x
   tasks), of the worst run.

@@ -19,8 +19,8 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from ledgerbatch.demodata import produce_orders
-from ledgerbatch.devregistry import DevRegistry
+from ledgerbatch.dev.demodata import produce_orders
+from ledgerbatch.dev.registry import DevRegistry
 
 from . import floor, lb, plot, report, transforms
 from .avro import AvroOrders

@@ -22,18 +22,18 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from ledgerbatch.commit import commit_batch
-from ledgerbatch.db import make_engine
-from ledgerbatch.demodata import produce_orders
-from ledgerbatch.migrate import migrate
-from ledgerbatch.planner import plan_next
-from ledgerbatch.process import process_batch
-from ledgerbatch.replay import plan_replay
-from ledgerbatch.sparksession import get_spark
-from ledgerbatch.spec import load_spec
+from ledgerbatch.commit.transaction import commit_batch
+from ledgerbatch.ledger.engine import make_engine
+from ledgerbatch.dev.demodata import produce_orders
+from ledgerbatch.ledger.migrations import migrate
+from ledgerbatch.plan.live import plan_next
+from ledgerbatch.stage.process import process_batch
+from ledgerbatch.plan.replay import plan_replay
+from ledgerbatch.spark.session import get_spark
+from ledgerbatch.spec.pipeline import load_spec
 
-from ledgerbatch.modes import mode_for
-from ledgerbatch.transform import output_columns, output_spec
+from ledgerbatch.commit.modes.catalog import mode_for
+from ledgerbatch.stage.transform import output_columns, output_spec
 
 from . import lb, transforms
 from .common import DB_PREFIX, fresh_database, watermarks

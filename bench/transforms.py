@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from ledgerbatch.demodata import order
+from ledgerbatch.dev.demodata import order
 
 from . import lb
 

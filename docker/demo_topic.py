@@ -4,7 +4,7 @@ import os
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ledgerbatch.demodata import produce_orders
+from ledgerbatch.dev.demodata import produce_orders
 
 BOOTSTRAP = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
 TOPIC, PARTITIONS = "orders", int(os.environ.get("DEMO_PARTITIONS", "16"))

@@ -10,10 +10,11 @@ import logging
 import sys
 
 from ledgerbatch.config import Settings
-from ledgerbatch.db import make_engine
 from ledgerbatch.errors import LedgerbatchError
-from ledgerbatch.process import process_batch
-from ledgerbatch.sparksession import get_spark
+from ledgerbatch.ledger.engine import make_engine
+from ledgerbatch.spark.session import get_spark
+from ledgerbatch.spec.resolve import load_pipeline
+from ledgerbatch.stage.process import process_batch
 
 
 def main() -> int:
@@ -24,7 +25,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         settings = Settings.from_env()
-        spec = settings.spec(args.pipeline)
+        spec = load_pipeline(settings, args.pipeline)
         spark = get_spark(None, f"ledgerbatch-{spec.name}-batch-{args.batch_id}")
         process_batch(spark, make_engine(settings.db_url), spec, args.batch_id, settings.db_url,
                       settings.require_bootstrap())

@@ -33,8 +33,8 @@ os.environ.update({
 def db_url() -> str:
     """A fresh, migrated ledger database on the configured server."""
     from ledgerbatch.config import Settings
-    from ledgerbatch.db import fresh_database, make_engine
-    from ledgerbatch.migrate import migrate
+    from ledgerbatch.ledger.engine import fresh_database, make_engine
+    from ledgerbatch.ledger.migrations import migrate
 
     url = fresh_database(Settings.from_env().db_url, TEST_DB)
     engine = make_engine(url)
@@ -45,7 +45,7 @@ def db_url() -> str:
 
 @pytest.fixture(scope="session")
 def engine(db_url):
-    from ledgerbatch.db import make_engine
+    from ledgerbatch.ledger.engine import make_engine
 
     engine = make_engine(db_url)
     yield engine
@@ -54,7 +54,7 @@ def engine(db_url):
 
 @pytest.fixture(scope="session")
 def broker():
-    from ledgerbatch.devbroker import DevBroker
+    from ledgerbatch.dev.broker import DevBroker
 
     with DevBroker(3) as b:
         yield b
@@ -63,7 +63,7 @@ def broker():
 @pytest.fixture(scope="session")
 def registry():
     """The dev schema registry (ledgerbatch.devregistry), a real HTTP server for the registry formats."""
-    from ledgerbatch.devregistry import DevRegistry
+    from ledgerbatch.dev.registry import DevRegistry
 
     with DevRegistry() as reg:
         yield reg
@@ -71,7 +71,7 @@ def registry():
 
 @pytest.fixture(scope="session")
 def spark():
-    from ledgerbatch.sparksession import get_spark
+    from ledgerbatch.spark.session import get_spark
 
     s = get_spark("local[2]", "ledgerbatch-tests")
     yield s
@@ -108,7 +108,7 @@ class Pipeline:
 
     @property
     def spec(self):
-        from ledgerbatch.spec import load_spec
+        from ledgerbatch.spec.pipeline import load_spec
 
         return load_spec(self.dir, self.name)
 

@@ -1,1 +1,0 @@
-"""ledgerbatch: exactly-once Kafka -> PostgreSQL batches driven by an offset ledger."""

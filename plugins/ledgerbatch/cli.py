@@ -11,8 +11,8 @@ import threading
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from .config import Settings, safe_url
-from .errors import ConfigError, LedgerbatchError, SpecError
+from ledgerbatch.config import Settings, safe_url
+from ledgerbatch.errors import ConfigError, LedgerbatchError, SpecError
 
 log = logging.getLogger("ledgerbatch")
 
@@ -150,9 +150,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _spec(settings: Settings, name: str):
+    from ledgerbatch.spec.resolve import load_pipeline  # here, not at the top: `--help` stays quick
+
+    return load_pipeline(settings, name)
+
+
 def _engine(settings: Settings, require_ledger: bool = True):
-    from .db import make_engine
-    from .migrate import pending
+    from ledgerbatch.ledger.engine import make_engine
+    from ledgerbatch.ledger.migrations import pending
 
     engine = make_engine(settings.db_url)
     if require_ledger and pending(engine):
@@ -161,7 +167,7 @@ def _engine(settings: Settings, require_ledger: bool = True):
 
 
 def cmd_migrate(args, settings: Settings) -> None:
-    from .migrate import migrate
+    from ledgerbatch.ledger.migrations import migrate
 
     applied = migrate(_engine(settings, require_ledger=False))
     print(f"ledger at {safe_url(settings.db_url)}: " + (f"applied migrations {applied}" if applied else "up to date"))
@@ -170,7 +176,7 @@ def cmd_migrate(args, settings: Settings) -> None:
 def _spark_factory(args, settings: Settings, app_name: str):
     """The command's Spark session maker: `--master`, else `--remote` or LEDGERBATCH_SPARK_REMOTE (a Spark Connect
     server), else LEDGERBATCH_SPARK_MASTER or local[*]."""
-    from .sparksession import get_spark
+    from ledgerbatch.spark.session import get_spark
 
     remote = None if args.master else (args.remote or settings.spark_remote)
     if remote:
@@ -185,9 +191,9 @@ def _spark_factory(args, settings: Settings, app_name: str):
 
 
 def cmd_run(args, settings: Settings) -> None:
-    from .runner import run_pipeline
+    from ledgerbatch.ops.run import run_pipeline
 
-    spec = settings.spec(args.pipeline)
+    spec = _spec(settings, args.pipeline)
     bootstrap = settings.require_bootstrap()
     engine = _engine(settings)
     spark_factory = _spark_factory(args, settings, f"ledgerbatch-{spec.name}")
@@ -206,17 +212,17 @@ def cmd_run(args, settings: Settings) -> None:
 def cmd_status(args, settings: Settings) -> None:
     import json
 
-    from . import ledger
-    from .spec import list_specs, with_kafka_options
-    from .status import pipeline_status, render
+    from ledgerbatch.ledger.batches import known_pipelines
+    from ledgerbatch.ops.status import pipeline_status, render
+    from ledgerbatch.spec.pipeline import list_specs, with_kafka_options
 
     engine = _engine(settings)
     if args.pipeline:
-        specs = [settings.spec(args.pipeline)]
+        specs = [_spec(settings, args.pipeline)]
     else:
         specs = [with_kafka_options(s, settings.kafka_options) for s in list_specs(settings.pipelines_dir)]
         with engine.connect() as conn:
-            known = ledger.known_pipelines(conn)
+            known = known_pipelines(conn)
         missing = sorted(set(known) - {s.name for s in specs})
         if missing:  # stderr: stdout stays valid JSON with --json
             print(f"(pipelines in the ledger without a spec in {settings.pipelines_dir}: {', '.join(missing)})",
@@ -227,9 +233,10 @@ def cmd_status(args, settings: Settings) -> None:
 
 
 def cmd_replay(args, settings: Settings) -> None:
-    from .replay import request_from_params, run_replay
+    from ledgerbatch.ops.run import run_replay
+    from ledgerbatch.plan.replay import request_from_params
 
-    spec = settings.spec(args.pipeline)
+    spec = _spec(settings, args.pipeline)
     request = request_from_params(spec, {"topic": args.topic, "partitions": args.partitions,
                                          "from_offset": args.from_offset, "until_offset": args.until_offset,
                                          "from_time": args.from_time, "until_time": args.until_time})
@@ -248,9 +255,9 @@ def cmd_replay(args, settings: Settings) -> None:
 
 
 def cmd_verify(args, settings: Settings) -> int:
-    from .verify import verify
+    from ledgerbatch.ops.verify import verify
 
-    spec = settings.spec(args.pipeline)
+    spec = _spec(settings, args.pipeline)
     problems = verify(_engine(settings), spec)
     for problem in problems:
         print(f"VIOLATION {spec.name}: {problem}")
@@ -259,48 +266,48 @@ def cmd_verify(args, settings: Settings) -> int:
 
 
 def cmd_acknowledge_loss(args, settings: Settings) -> None:
-    from .loss import acknowledge_loss
+    from ledgerbatch.ops.loss import acknowledge_loss
 
-    spec = settings.spec(args.pipeline)
+    spec = _spec(settings, args.pipeline)
     lost = acknowledge_loss(_engine(settings), spec, settings.require_bootstrap(), args.by, args.reason)
     for r in lost:
         print(f"{spec.name}: recorded lost {r} ({r.span} offsets), acknowledged by {args.by}")
 
 
 def cmd_abandon(args, settings: Settings) -> None:
-    from .abandon import abandon_batch
+    from ledgerbatch.ops.abandon import abandon_batch
 
-    spec = settings.spec(args.pipeline)
+    spec = _spec(settings, args.pipeline)
     batch = abandon_batch(_engine(settings), spec, args.batch_id, args.by, args.reason)
     print(f"{spec.name}: {batch.kind} batch {batch.batch_id} ({batch.status}) abandoned by {args.by}; nothing of it "
           f"was committed" + ("; the next run plans its offsets again" if batch.kind == "live" else ""))
 
 
 def cmd_dev_broker(args, settings: Settings) -> None:
-    from .devbroker import serve_forever
+    from ledgerbatch.dev.broker import serve_forever
 
     serve_forever(args.brokers, dict(args.topic))
 
 
 def cmd_dev_registry(args, settings: Settings) -> None:
-    from .devregistry import serve_forever
+    from ledgerbatch.dev.registry import serve_forever
 
     serve_forever(args.port, args.host, args.user_info)
 
 
 def cmd_spark_server(args, settings: Settings) -> int:
-    from .connect_server import serve_connect
+    from ledgerbatch.spark.server import serve_connect
 
     return serve_connect(args.port, args.host, args.master)
 
 
 def cmd_demo(args, settings: Settings) -> None:
     if args.no_airflow:
-        from .demo import run_without_airflow
+        from ledgerbatch.dev.demo import run_without_airflow
 
         run_without_airflow(settings, args.records, args.partitions)
     else:
-        from .airflow.standalone import run_with_airflow
+        from ledgerbatch.dev.airflow_demo import run_with_airflow
 
         run_with_airflow(settings, args.records, args.partitions, args.port)
 

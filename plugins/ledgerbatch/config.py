@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from .errors import ConfigError
+from ledgerbatch.errors import ConfigError
 
 DEFAULT_DB_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,14 +35,6 @@ class Settings:
             schema_registry=_json_object("LEDGERBATCH_SCHEMA_REGISTRY", "schema registry client settings (url, ...)"),
             spark_remote=os.environ.get("LEDGERBATCH_SPARK_REMOTE") or None,
         )
-
-    def spec(self, name: str):
-        """Pipeline `name` from the pipelines dir, with the deployment's Kafka and registry settings."""
-        from .registry import with_registry
-        from .spec import load_spec, with_kafka_options
-
-        return with_registry(with_kafka_options(load_spec(self.pipelines_dir, name), self.kafka_options),
-                             self.schema_registry)
 
     def require_bootstrap(self) -> str:
         if not self.bootstrap_servers:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import SpecError
+from ledgerbatch.errors import SpecError
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 

@@ -6,8 +6,8 @@ import os
 import re
 from pathlib import Path
 
-from .config import REPO_ROOT
-from .identifiers import quote_ident
+from ledgerbatch.config import REPO_ROOT
+from ledgerbatch.identifiers import quote_ident
 
 SQL_DIR = Path(os.environ.get("LEDGERBATCH_SQL_DIR") or REPO_ROOT / "sql")
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.M)

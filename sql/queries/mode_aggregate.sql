@@ -1,4 +1,4 @@
--- Target mode `aggregate` (plugins/ledgerbatch/modes/aggregate.py). {contributions} is the
+-- Target mode `aggregate` (plugins/ledgerbatch/commit/modes/aggregate.py). {contributions} is the
 -- pipeline's table in ledger_aggregates: each committed batch's result per group. {merge_list}
 -- {measures_agg} ("sum(c.x) AS x, ...") and {differs} ("c.x IS DISTINCT FROM r.x OR ...") are
 -- rendered from validated column names and the fixed merges sum|min|max.

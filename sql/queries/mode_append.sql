@@ -1,7 +1,7 @@
--- Target mode `append` (plugins/ledgerbatch/modes/append.py).
+-- Target mode `append` (plugins/ledgerbatch/commit/modes/append.py).
 
 -- name: create_target_append
--- Partitions cover runs of batch ids (plugins/ledgerbatch/partitions.py): a big batch's staging table
+-- Partitions cover runs of batch ids (plugins/ledgerbatch/commit/modes/partitions.py): a big batch's staging table
 -- is attached as a partition instead of being copied. Unique on the coordinates within a partition;
 -- across partitions the ledger keeps them unique and `verify` checks it.
 CREATE TABLE IF NOT EXISTS {schema}.{table} (

@@ -1,4 +1,4 @@
--- Target mode `upsert` (plugins/ledgerbatch/modes/upsert.py).
+-- Target mode `upsert` (plugins/ledgerbatch/commit/modes/upsert.py).
 
 -- name: create_target_upsert
 CREATE TABLE IF NOT EXISTS {schema}.{table} (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerbatch.connect_server import free_port
+from ledgerbatch.spark.server import free_port
 from ledgerbatch.processes import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,8 +151,8 @@ def test_backfill_form_opens_valid_with_every_optional_field_empty(page, tmp_pat
 
 
 def test_backfill_form_sends_empty_fields_as_null_and_picked_times_replay_can_read(page, tmp_path):
-    from ledgerbatch.replay import request_from_params
-    from ledgerbatch.spec import load_spec
+    from ledgerbatch.plan.replay import request_from_params
+    from ledgerbatch.spec.pipeline import load_spec
 
     dialog = _open_form(page)
     for label, day in (("From time", "1"), ("Until time", "2")):  # the 1st and the 2nd of the shown month

@@ -105,8 +105,8 @@ def registry_schemas(registry) -> list[dict]:
 
 
 def main() -> None:
-    from ledgerbatch.devbroker import DevBroker
-    from ledgerbatch.devregistry import DevRegistry
+    from ledgerbatch.dev.broker import DevBroker
+    from ledgerbatch.dev.registry import DevRegistry
 
     print(source_db.ensure_cluster())
     SAMPLES.mkdir(exist_ok=True)

@@ -263,10 +263,11 @@ def test_schema_evolution_mid_stream_and_a_resumed_batch_after_a_spec_change(cdc
     with nothing written; the batch staged under the refused spec fails loudly once the spec changes again,
     until it is abandoned as the error says."""
     from ledgerbatch.errors import SpecError, SpecVersionError
-    from ledgerbatch.replay import ReplayRequest, run_replay
-    from ledgerbatch.runner import run_pipeline
-    from ledgerbatch.spec import load_spec
-    from ledgerbatch.verify import verify
+    from ledgerbatch.plan.replay import ReplayRequest
+    from ledgerbatch.ops.run import run_replay
+    from ledgerbatch.ops.run import run_pipeline
+    from ledgerbatch.spec.pipeline import load_spec
+    from ledgerbatch.ops.verify import verify
 
     table, name, pipelines = cdc_source.new_table("evolving"), f"cdcevo{os.getpid()}", tmp_path / "pipelines"
     cdc_source.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, owner TEXT, balance NUMERIC(12,2))")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from ledgerbatch.convert import BadValue, converter
-from ledgerbatch.decoders import DECODERS, REGISTRY_FORMATS, make_decoder
-from ledgerbatch.decoders.registry import RegistryUnavailable
-from ledgerbatch.parse import parse_value
-from ledgerbatch.schema import parse_schema
+from ledgerbatch.formats.bad_value import BadValue
+from ledgerbatch.formats.convert import converter
+from ledgerbatch.formats.decoders.catalog import DECODERS, REGISTRY_FORMATS, make_decoder
+from ledgerbatch.formats.decoders.confluent_wire import RegistryUnavailable
+from ledgerbatch.formats.parse import parse_value
+from ledgerbatch.formats.schema import parse_schema
 
 from ..serde import (ORDER, ORDER_COLUMNS, ORDER_ROW, avro_encoder, debezium_avro_encoder, json_schema_encoder,
                      protobuf_encoder)
@@ -167,7 +168,7 @@ class TestDebezium(DecoderContract):
         check_samples(make_decoder("debezium"), load(f"{sample}.jsonl"), opaque)
 
     def test_delete_without_before_takes_the_kafka_key(self, codec):
-        from ledgerbatch.decoders import DELETE
+        from ledgerbatch.formats.decoders.base import DELETE
 
         decoder, _ = codec
         key = b'{"schema": {"type": "struct", "fields": [{"type": "int32", "field": "id"}]}, "payload": {"id": 9}}'
@@ -229,7 +230,7 @@ def check_samples(decoder, lines: list[dict], opaque: set[str]) -> None:
     import datetime as dt
     from decimal import Decimal
 
-    from ledgerbatch.decoders import DELETE, SKIP, UPSERT
+    from ledgerbatch.formats.decoders.base import DELETE, SKIP, UPSERT
 
     converters = {c.name: converter(c) for c in SAMPLE_COLUMNS}
     ops = []
@@ -277,7 +278,7 @@ class TestDebeziumAvro(RegistryDecoderContract):
         check_samples(make_decoder(self.FORMAT, {"url": registry.url}), load_avro(registry.url), set())
 
     def test_delete_without_before_takes_the_avro_key(self, registry):
-        from ledgerbatch.decoders import DELETE
+        from ledgerbatch.formats.decoders.base import DELETE
         from tests.cdc.avro_samples import edited, load_avro
 
         decoder = make_decoder(self.FORMAT, {"url": registry.url})
@@ -346,7 +347,8 @@ class TestDebeziumAvro(RegistryDecoderContract):
 
 
 def test_tombstones_delete_by_key_with_target_deletes():
-    from ledgerbatch.decoders import DELETE, UPSERT, make_change_decoder
+    from ledgerbatch.formats.decoders.base import DELETE, UPSERT
+    from ledgerbatch.formats.decoders.catalog import make_change_decoder
 
     decoder = make_change_decoder("json")
     assert decoder.decode_change(b'{"id": 3}', None) == (DELETE, {"id": 3})

@@ -93,7 +93,7 @@ def assert_exactly_once(engine, pipeline, bootstrap: str, good: set[tuple[int, i
             "ON t.table_name LIKE 'b' || b.batch_id || '\\_a%' WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :p"),
             {"p": pipeline.name}).scalar_one()
         assert staging == 0, "staging tables left behind"
-    from ledgerbatch.verify import verify
+    from ledgerbatch.ops.verify import verify
 
     assert verify(engine, pipeline.spec) == []
 

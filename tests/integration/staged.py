@@ -14,11 +14,15 @@ from pathlib import Path
 import yaml
 from sqlalchemy import text
 
-from ledgerbatch import ledger, tables
-from ledgerbatch.ranges import OffsetRange
-from ledgerbatch.spec import load_spec
-from ledgerbatch.states import BatchKind
-from ledgerbatch.transform import spec_for_batch
+from ledgerbatch.commit.target import table_exists
+from ledgerbatch.ledger.batches import begin_attempt, get_batch, insert_batch, mark_staged
+from ledgerbatch.ledger.cursors import get_cursors, init_cursors
+from ledgerbatch.model.batch import Batch
+from ledgerbatch.stage.tables import bad_name, create_staging, staging_name
+from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.spec.pipeline import load_spec
+from ledgerbatch.model.batch import BatchKind
+from ledgerbatch.stage.transform import spec_for_batch
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,8 +67,8 @@ def plan(engine, p: Pipe, ranges: dict[int, tuple[int, int]], kind: BatchKind = 
     offset_ranges = [OffsetRange(p.topic, part, lo, hi) for part, (lo, hi) in sorted(ranges.items())]
     with engine.begin() as conn:
         if kind == BatchKind.LIVE:
-            ledger.init_cursors(conn, p.name, {r.topic_partition: r.from_offset for r in offset_ranges})
-        return ledger.insert_batch(conn, p.name, kind, offset_ranges)
+            init_cursors(conn, p.name, {r.topic_partition: r.from_offset for r in offset_ranges})
+        return insert_batch(conn, p.name, kind, offset_ranges)
 
 
 def target_spec(p: Pipe):
@@ -75,9 +79,9 @@ def target_spec(p: Pipe):
 def begin(engine, p: Pipe, batch_id: int) -> Staged:
     """A new attempt with its (empty) staging tables, as process_batch starts one."""
     with engine.begin() as conn:
-        attempt = ledger.begin_attempt(conn, batch_id, GROUPS_OUTPUT if p.spec.query else None)
-        staging = tables.staging_name(batch_id, attempt)
-        tables.create_staging(conn, target_spec(p), staging, batch_id)
+        attempt = begin_attempt(conn, batch_id, GROUPS_OUTPUT if p.spec.query else None)
+        staging = staging_name(batch_id, attempt)
+        create_staging(conn, target_spec(p), staging, batch_id)
     return Staged(batch_id, attempt, staging)
 
 
@@ -104,7 +108,7 @@ def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
                   "batch_id": s.batch_id} for part, off, oid, amount in good])
         if bad:
             conn.execute(text(
-                f'INSERT INTO ledger_staging."{tables.bad_name(s.staging)}" (_topic, _partition, _offset, _error, _key, _value) '
+                f'INSERT INTO ledger_staging."{bad_name(s.staging)}" (_topic, _partition, _offset, _error, _key, _value) '
                 "VALUES (:topic, :partition, :offset, :error, :key, :value)"),
                 [{"topic": p.topic, "partition": part, "offset": off, "error": error, "key": f"k{off}".encode(),
                   "value": b"\xff" + error.encode()} for part, off, error in bad])
@@ -116,9 +120,9 @@ def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
             for part, *_ in bad:
                 rows, nbad = counts.get(part, (0, 0))
                 counts[part] = (rows + 1, nbad + 1)
-        batch = ledger.get_batch(conn, s.batch_id)
+        batch = get_batch(conn, s.batch_id)
         groups_written = len({oid for _, _, oid, _ in good}) if p.spec.mode == "aggregate" else None
-        ledger.mark_staged(conn, s.batch_id, s.attempt, s.staging, batch.ranges,
+        mark_staged(conn, s.batch_id, s.attempt, s.staging, batch.ranges,
                            {(p.topic, part): c for part, c in counts.items()}, groups=groups_written)
 
 
@@ -135,7 +139,7 @@ def target(engine, p: Pipe) -> list[tuple] | None:
     """(partition, offset, order_id, amount, batch_id) of every target row; None when there is no target.
     An aggregate target's groups are (order_id, n, amount, batch_id), by order id."""
     with engine.connect() as conn:
-        if not tables.table_exists(conn, "public", p.table):
+        if not table_exists(conn, "public", p.table):
             return None
         if p.spec.mode == "aggregate":
             return [(r.order_id, r.n, str(r.amount), r._batch_id) for r in conn.execute(text(
@@ -153,12 +157,12 @@ def quarantine(engine, p: Pipe) -> list[tuple]:
 
 def cursors(engine, p: Pipe) -> dict[int, int]:
     with engine.connect() as conn:
-        return {part: offset for (_, part), offset in ledger.cursors(conn, p.name).items()}
+        return {part: offset for (_, part), offset in get_cursors(conn, p.name).items()}
 
 
-def batch(engine, batch_id: int) -> ledger.Batch:
+def batch(engine, batch_id: int) -> Batch:
     with engine.connect() as conn:
-        return ledger.get_batch(conn, batch_id)
+        return get_batch(conn, batch_id)
 
 
 def staging_tables(engine, batch_id: int) -> list[str]:
@@ -183,9 +187,9 @@ CHILD = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from ledgerbatch.commit import commit_batch
-from ledgerbatch.db import make_engine
-from ledgerbatch.spec import load_spec
+from ledgerbatch.commit.transaction import commit_batch
+from ledgerbatch.ledger.engine import make_engine
+from ledgerbatch.spec.pipeline import load_spec
 engine = make_engine(sys.argv[2])
 print(commit_batch(engine, load_spec(Path(sys.argv[3]), sys.argv[4]), int(sys.argv[5])), flush=True)
 """

@@ -13,14 +13,15 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from ledgerbatch import ledger
-from ledgerbatch.commit import commit_batch
+from ledgerbatch.ledger.batches import delivering_batches
+from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import BatchFailedError, SpecError
-from ledgerbatch.process import process_batch
-from ledgerbatch.ranges import OffsetRange
-from ledgerbatch.replay import ReplayRequest, dry_run_diff, plan_replay, resolve_ranges
-from ledgerbatch.runner import run_pipeline
-from ledgerbatch.verify import verify
+from ledgerbatch.stage.process import process_batch
+from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
+from ledgerbatch.commit.diff import dry_run_diff
+from ledgerbatch.ops.run import run_pipeline
+from ledgerbatch.ops.verify import verify
 
 from .helpers import cli, produce
 from .test_faults import EXPECTED_AFTER_CRASH, _popen_run, first_batch
@@ -121,7 +122,7 @@ def test_a_replay_after_the_data_changed_leaves_min_and_max_exact(engine, db_url
     batch = plan_replay(engine, spec, resolve_ranges(spec, broker.bootstrap_servers,
                                                      ReplayRequest(p.topic, (0,), from_offset=10, until_offset=20)))
     with engine.connect() as conn:
-        delivering = ledger.delivering_batches(conn, p.name, batch.ranges, batch.batch_id)
+        delivering = delivering_batches(conn, p.name, batch.ranges, batch.batch_id)
     widened = [r for rs in delivering.values() for r in rs if r.span]
     assert set(batch.ranges) == set(widened)  # whole batches, every partition of them
 

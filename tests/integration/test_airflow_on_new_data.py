@@ -59,8 +59,8 @@ def target_rows(engine, p) -> int:
 def test_pending_follows_the_planners_rules(make_pipeline):
     """The trigger's rule, on plain values: what a run would find to do."""
     from ledgerbatch.airflow.triggers import pending
-    from ledgerbatch.ledger import Batch
-    from ledgerbatch.ranges import OffsetRange, Watermarks
+    from ledgerbatch.model.batch import Batch
+    from ledgerbatch.model.ranges import OffsetRange, Watermarks
 
     p = make_pipeline(partitions=2)
     spec = p.spec

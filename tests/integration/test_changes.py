@@ -8,11 +8,12 @@ import json
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch.commit import commit_batch
-from ledgerbatch.process import process_batch
-from ledgerbatch.replay import ReplayRequest, dry_run_diff, plan_replay, resolve_ranges
-from ledgerbatch.runner import run_pipeline
-from ledgerbatch.verify import verify
+from ledgerbatch.commit.transaction import commit_batch
+from ledgerbatch.stage.process import process_batch
+from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
+from ledgerbatch.commit.diff import dry_run_diff
+from ledgerbatch.ops.run import run_pipeline
+from ledgerbatch.ops.verify import verify
 
 from .helpers import produce
 

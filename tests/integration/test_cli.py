@@ -54,8 +54,8 @@ def test_spark_submit_entry_point_stages_a_planned_batch(engine, db_url, broker,
     import sys
     from pathlib import Path
 
-    from ledgerbatch.commit import commit_batch
-    from ledgerbatch.planner import plan_next
+    from ledgerbatch.commit.transaction import commit_batch
+    from ledgerbatch.plan.live import plan_next
 
     p = make_pipeline(partitions=2)
     acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(200)])

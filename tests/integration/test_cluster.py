@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerbatch.connect_server import free_port
+from ledgerbatch.spark.server import free_port
 
 from .helpers import assert_exactly_once, cli, order_value, produce
 
@@ -82,7 +82,7 @@ def test_run_on_a_standalone_cluster(engine, db_url, broker, make_pipeline, stan
 
 def test_executors_import_the_package_from_the_shipped_zip(standalone):
     url, _ = standalone
-    code = ("from ledgerbatch.sparksession import get_spark\n"
+    code = ("from ledgerbatch.spark.session import get_spark\n"
             f"spark = get_spark({url!r}, 'ledgerbatch-zip-check')\n"
             "rdd = spark.sparkContext.parallelize([0], 1)\n"
             "print(rdd.map(lambda _: __import__('ledgerbatch').__file__).collect()[0])\n"

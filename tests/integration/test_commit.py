@@ -8,12 +8,14 @@ import re
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch import ledger, tables
-from ledgerbatch.commit import commit_batch
+from ledgerbatch.ledger.batches import mark_staged
+from ledgerbatch.ledger.cursors import range_kind
+from ledgerbatch.stage.tables import bad_name
+from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import FencedError, LedgerbatchError, ReconcileError
-from ledgerbatch.ranges import OffsetRange
-from ledgerbatch.states import BatchKind, BatchStatus
-from ledgerbatch.verify import verify
+from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.model.batch import BatchKind, BatchStatus
+from ledgerbatch.ops.verify import verify
 
 from .staged import batch, begin, cursors, fill, plan, qrow, quarantine, row, staged_batch, staging_tables, target
 
@@ -133,7 +135,7 @@ def test_stale_attempt_is_fenced(engine, make_pipe):
     with pytest.raises(LedgerbatchError, match=f"batch {first.batch_id} is planned, not staged"):
         commit_batch(engine, p.spec, first.batch_id, attempt=1)
     with engine.begin() as conn, pytest.raises(FencedError, match="no longer owns the batch"):  # attempt 1 cannot re-mark
-        ledger.mark_staged(conn, first.batch_id, 1, first.staging, (OffsetRange(p.topic, 0, 0, 2),), {(p.topic, 0): (2, 0)})
+        mark_staged(conn, first.batch_id, 1, first.staging, (OffsetRange(p.topic, 0, 0, 2),), {(p.topic, 0): (2, 0)})
     fill(engine, p, second, good=[(0, 0, "o-0", "2.00"), (0, 1, "o-1", "2.00")])
 
     with pytest.raises(FencedError, match=f"batch {first.batch_id}: attempt 1 is stale, attempt 2 owns the batch"):
@@ -209,8 +211,8 @@ def test_reconciliation_failure_fails_the_batch_and_leaves_the_target(case, engi
 def test_missing_staging_table_fails_the_batch_and_a_new_attempt_commits(dropped, engine, make_pipe):
     p = make_pipe()
     s = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 0, "o-0", "1.00")], bad=[(0, 1, "bad")])
-    names = {"both": [s.staging, tables.bad_name(s.staging)], "good rows": [s.staging],
-             "bad records": [tables.bad_name(s.staging)]}[dropped]
+    names = {"both": [s.staging, bad_name(s.staging)], "good rows": [s.staging],
+             "bad records": [bad_name(s.staging)]}[dropped]
     with engine.begin() as conn:
         for name in names:
             conn.execute(text(f'DROP TABLE ledger_staging."{name}"'))
@@ -269,7 +271,7 @@ def test_replay_replaces_target_rows_and_quarantine_of_its_range(engine, make_pi
     # Offsets [1, 3) again: offset 1 is now bad, offset 2 now good.
     replay_range = OffsetRange(p.topic, 0, 1, 3)
     with engine.connect() as conn:
-        assert ledger.range_kind(conn, p.name, replay_range) == BatchKind.REPLAY
+        assert range_kind(conn, p.name, replay_range) == BatchKind.REPLAY
     s = staged_batch(engine, p, {0: (1, 3)}, good=[(0, 2, "o-2", "20.00")], bad=[(0, 1, "new rule")],
                      kind=BatchKind.REPLAY)
     assert batch(engine, s.batch_id).kind == BatchKind.REPLAY

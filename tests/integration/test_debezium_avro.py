@@ -13,9 +13,9 @@ import psutil
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch.registry import with_registry
-from ledgerbatch.runner import run_pipeline
-from ledgerbatch.verify import verify
+from ledgerbatch.spec.resolve import with_registry
+from ledgerbatch.ops.run import run_pipeline
+from ledgerbatch.ops.verify import verify
 from tests.cdc import scenario
 from tests.cdc.avro_samples import edited, load_avro, register, schemas, with_id
 

@@ -16,7 +16,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, Proto
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2
 
-from ledgerbatch.devregistry import DevRegistry
+from ledgerbatch.dev.registry import DevRegistry
 
 from ..serde import add_fields, message_class
 from .helpers import REPO
@@ -219,7 +219,7 @@ def test_basic_auth():
 
 
 def test_main_serves_in_the_foreground():
-    proc = subprocess.Popen([sys.executable, "-m", "ledgerbatch.devregistry", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerbatch.dev.registry", "--port", "0"],
                             cwd=REPO / "plugins", stdout=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()

@@ -11,10 +11,10 @@ import time
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch import ledger
+from ledgerbatch.ledger.batches import get_batch
 from ledgerbatch.errors import LedgerbatchError
-from ledgerbatch.loss import acknowledge_loss
-from ledgerbatch.verify import verify
+from ledgerbatch.ops.loss import acknowledge_loss
+from ledgerbatch.ops.verify import verify
 
 from .helpers import REPO, assert_exactly_once, cli, end_offsets, order_value, produce
 
@@ -130,7 +130,7 @@ def test_stale_attempt_woken_after_newer_commit_is_refused(engine, db_url, broke
 
 
 def test_lost_offsets_stop_the_pipeline_until_acknowledged(engine, db_url, broker, spark, make_pipeline):
-    from ledgerbatch.planner import plan_next
+    from ledgerbatch.plan.live import plan_next
 
     p = make_pipeline(partitions=1)
     produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(10)])
@@ -155,7 +155,7 @@ def test_lost_offsets_stop_the_pipeline_until_acknowledged(engine, db_url, broke
         lost = conn.execute(text("SELECT from_offset, until_offset, acknowledged_by, reason FROM ledger.lost_ranges "
                                  "WHERE pipeline = :p"), {"p": p.name}).one()
         assert tuple(lost) == (0, low, "alice", "INC-42 retention")
-        assert ledger.get_batch(conn, batch.batch_id).status == "abandoned"
+        assert get_batch(conn, batch.batch_id).status == "abandoned"
 
     done = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir)
     assert done.returncode == 0, done.stderr[-2000:]

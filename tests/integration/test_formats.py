@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import Producer
 from sqlalchemy import text
 
-from ledgerbatch.devregistry import DevRegistry
+from ledgerbatch.dev.registry import DevRegistry
 from ledgerbatch.errors import BatchFailedError
-from ledgerbatch.registry import with_registry
-from ledgerbatch.runner import run_pipeline
+from ledgerbatch.spec.resolve import with_registry
+from ledgerbatch.ops.run import run_pipeline
 
 from ..serde import (ORDER, ORDER_AVRO_V1, ORDER_AVRO_V2, ORDER_COLUMNS, avro_encoder, json_schema_encoder,
                      protobuf_encoder)

@@ -93,7 +93,7 @@ def test_run_logs_phases_sends_metrics_and_feeds_views_and_status(engine, db_url
 
 
 def test_invariant_view_reports_what_verify_reports(engine, db_url, broker, make_pipeline):
-    from ledgerbatch.verify import verify
+    from ledgerbatch.ops.verify import verify
 
     p = make_pipeline(partitions=1)
     produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(5)])

@@ -5,13 +5,15 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from ledgerbatch import ledger
-from ledgerbatch.commit import commit_batch
+from ledgerbatch.ledger.batches import get_batch
+from ledgerbatch.ledger.cursors import get_cursors
+from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import LedgerbatchError
-from ledgerbatch.process import process_batch
-from ledgerbatch.replay import ReplayRequest, dry_run_diff, plan_replay, resolve_ranges
-from ledgerbatch.runner import run_pipeline
-from ledgerbatch.verify import verify
+from ledgerbatch.stage.process import process_batch
+from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
+from ledgerbatch.commit.diff import dry_run_diff
+from ledgerbatch.ops.run import run_pipeline
+from ledgerbatch.ops.verify import verify
 
 from .helpers import order_value, produce
 
@@ -45,7 +47,7 @@ def test_replay_after_transform_change_replaces_exactly_the_range(engine, db_url
     run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)
     before = rows(engine, p)
     with engine.connect() as conn:
-        cursors = ledger.cursors(conn, p.name)
+        cursors = get_cursors(conn, p.name)
 
     set_transform(p, {"customer": "upper(customer)"})
     request = ReplayRequest(p.topic, (0,), from_offset=1, until_offset=5)  # partition 0 offsets 1..4 (offset 2 is bad)
@@ -54,7 +56,7 @@ def test_replay_after_transform_change_replaces_exactly_the_range(engine, db_url
     assert (diff.added, diff.removed, diff.changed, diff.unchanged, diff.quarantined) == (0, 0, 3, 0, 1)
     assert rows(engine, p) == before  # a dry run changes nothing
     with engine.connect() as conn:
-        assert ledger.get_batch(conn, batch.batch_id).status == "abandoned"
+        assert get_batch(conn, batch.batch_id).status == "abandoned"
 
     batch, result = replay(engine, db_url, broker, spark, p, request)
     assert (result.rows_written, result.rows_quarantined) == (3, 1)
@@ -63,7 +65,7 @@ def test_replay_after_transform_change_replaces_exactly_the_range(engine, db_url
     assert changed == {(0, 1), (0, 3), (0, 4)}
     assert all(after[k] == (before[k][0].upper(), batch.batch_id) for k in changed)
     with engine.connect() as conn:
-        assert ledger.cursors(conn, p.name) == cursors
+        assert get_cursors(conn, p.name) == cursors
         quarantined = conn.execute(text('SELECT "offset", batch_id FROM ledger.quarantine WHERE pipeline = :p'), {"p": p.name}).all()
     assert [(q.offset, q.batch_id) for q in quarantined] == [(2, batch.batch_id)]
     assert verify(engine, p.spec) == []
@@ -87,7 +89,7 @@ def test_backfill_before_a_latest_start(engine, db_url, broker, spark, make_pipe
     assert batch.kind == "backfill" and result.rows_written == 10
     assert set(rows(engine, p)) == {(0, o) for o in range(15)}
     with engine.connect() as conn:
-        assert ledger.cursors(conn, p.name) == {(p.topic, 0): 15}
+        assert get_cursors(conn, p.name) == {(p.topic, 0): 15}
     assert verify(engine, p.spec) == []
     # The same offsets again are now a replay, not a second backfill.
     batch, _ = replay(engine, db_url, broker, spark, p, ReplayRequest(p.topic, None, from_offset=0, until_offset=10))

@@ -6,12 +6,13 @@ import time
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch import ledger
-from ledgerbatch.commit import commit_batch
+from ledgerbatch.ledger.batches import begin_attempt, get_batch
+from ledgerbatch.ledger.cursors import get_cursors, init_cursors
+from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import BatchFailedError, DataLossError, FencedError, LedgerbatchError, ReconcileError
-from ledgerbatch.planner import plan_next
-from ledgerbatch.process import process_batch
-from ledgerbatch.runner import run_pipeline
+from ledgerbatch.plan.live import plan_next
+from ledgerbatch.stage.process import process_batch
+from ledgerbatch.ops.run import run_pipeline
 from ledgerbatch.sqlfiles import query
 
 from .helpers import assert_exactly_once, end_offsets, order_value, produce
@@ -60,7 +61,7 @@ def test_stale_attempt_is_fenced(engine, db_url, broker, spark, make_pipeline):
 
     # A newer attempt takes over while attempt 1 is staged: attempt 1 can no longer commit.
     with engine.begin() as conn:
-        assert ledger.begin_attempt(conn, batch.batch_id) == 2
+        assert begin_attempt(conn, batch.batch_id) == 2
     with pytest.raises(LedgerbatchError, match="not staged"):
         commit_batch(engine, p.spec, batch.batch_id, attempt=1)
     third = process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers)
@@ -75,7 +76,7 @@ def test_stale_attempt_is_fenced(engine, db_url, broker, spark, make_pipeline):
     with pytest.raises(FencedError, match="fenced"):
         commit_batch(engine, p.spec, batch.batch_id, attempt=third.attempt)
     with engine.connect() as conn:
-        assert ledger.get_batch(conn, batch.batch_id).status == "staged"
+        assert get_batch(conn, batch.batch_id).status == "staged"
         assert conn.execute(text(f"SELECT to_regclass('public.\"{p.table}\"')")).scalar_one() is None
     with engine.begin() as conn:
         conn.execute(text("UPDATE ledger.cursors SET next_offset = next_offset - 1, last_batch_id = NULL "
@@ -152,9 +153,9 @@ def test_out_of_range_start_fails_with_ledger_unchanged(engine, db_url, broker, 
     with pytest.raises(DataLossError, match="no longer in Kafka.*Offset out of range.*acknowledge-loss"):
         process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers)
     with engine.connect() as conn:
-        b = ledger.get_batch(conn, batch.batch_id)
+        b = get_batch(conn, batch.batch_id)
         assert b.status == "failed" and b.ranges == batch.ranges
-        assert ledger.cursors(conn, p.name) == {(p.topic, 0): 0}
+        assert get_cursors(conn, p.name) == {(p.topic, 0): 0}
         assert conn.execute(text(f"SELECT to_regclass('public.\"{p.table}\"')")).scalar_one() is None
         assert conn.execute(text("SELECT count(*) FROM ledger.quarantine WHERE pipeline = :p"), {"p": p.name}).scalar_one() == 0
 
@@ -164,14 +165,14 @@ def test_cursor_before_log_start_refuses_to_plan(engine, broker, make_pipeline):
     filler = b'{"order_id":"' + b"f" * 1000 + b'"}'
     produce(broker.bootstrap_servers, p.topic, [(0, order_value(0))])
     with engine.begin() as conn:
-        ledger.init_cursors(conn, p.name, {(p.topic, 0): 0})
+        init_cursors(conn, p.name, {(p.topic, 0): 0})
     for _ in range(8):
         produce(broker.bootstrap_servers, p.topic, [(0, filler)] * 1000)
     with pytest.raises(DataLossError, match="before the log start"):
         plan_next(engine, p.spec, broker.bootstrap_servers)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM ledger.batches WHERE pipeline = :p"), {"p": p.name}).scalar_one() == 0
-        assert ledger.cursors(conn, p.name) == {(p.topic, 0): 0}
+        assert get_cursors(conn, p.name) == {(p.topic, 0): 0}
 
 
 def test_ranges_ending_on_transaction_markers_terminate(engine, db_url, broker, spark, make_pipeline):
@@ -213,9 +214,9 @@ def test_target_table_that_disagrees_with_the_spec_is_refused(engine, db_url, br
     with pytest.raises(SpecError, match="disagrees with the spec: order_id is integer, the spec says text; amount is missing"):
         run(engine, db_url, broker, spark, p)
     with engine.connect() as conn:
-        assert ledger.get_batch(conn, conn.execute(text(
+        assert get_batch(conn, conn.execute(text(
             "SELECT batch_id FROM ledger.batches WHERE pipeline = :p"), {"p": p.name}).scalar_one()).status == "staged"
-        assert ledger.cursors(conn, p.name) == {(p.topic, 0): 0}
+        assert get_cursors(conn, p.name) == {(p.topic, 0): 0}
         assert conn.execute(text(f'SELECT count(*) FROM public."{p.table}"')).scalar_one() == 0
 
 
@@ -237,8 +238,8 @@ def test_brokers_down_mid_read(engine, db_url, broker, spark, make_pipeline):
         for b in brokers:
             broker.broker_up(b)
     with engine.connect() as conn:
-        assert ledger.get_batch(conn, batch.batch_id).status == "failed"
-        assert ledger.cursors(conn, p.name) == {(p.topic, 0): 0, (p.topic, 1): 0}
+        assert get_batch(conn, batch.batch_id).status == "failed"
+        assert get_cursors(conn, p.name) == {(p.topic, 0): 0, (p.topic, 1): 0}
 
     # Down for a moment while the attempt reads: the consumer reconnects and the batch completes.
     for b in brokers:
@@ -251,7 +252,7 @@ def test_brokers_down_mid_read(engine, db_url, broker, spark, make_pipeline):
 
 
 def test_append_target_gains_partitions_for_big_batches_only(engine, db_url, broker, spark, make_pipeline, monkeypatch):
-    monkeypatch.setattr("ledgerbatch.partitions.ATTACH_MIN_ROWS", 30)
+    monkeypatch.setattr("ledgerbatch.commit.modes.partitions.ATTACH_MIN_ROWS", 30)
     p = make_pipeline(partitions=2, batch__max_records=40)
     # 40 (big: the first, open partition), 40 (big: closes it), 20 (small: copied into the open one)
     acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(100)])
@@ -277,7 +278,7 @@ def test_batch_staged_by_an_earlier_version_is_staged_again(engine, db_url, brok
     acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
     batch = plan_next(engine, p.spec, broker.bootstrap_servers)
     with engine.begin() as conn:  # the earlier shape: one unlogged table, bad records flagged by _error
-        attempt = ledger.begin_attempt(conn, batch.batch_id)
+        attempt = begin_attempt(conn, batch.batch_id)
         staging = f"b{batch.batch_id}_a{attempt}"
         conn.execute(text(f'CREATE UNLOGGED TABLE ledger_staging."{staging}" '
                           "(order_id text, _topic text, _partition int, _offset bigint, _error text)"))

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 def connect_server():
     """`ledgerbatch spark-server` on a free port (master local[2]); its sc:// URL. Stopped (its whole process
     group: the launcher, the server's JVM, its Python workers) afterwards."""
-    from ledgerbatch.connect_server import free_port
+    from ledgerbatch.spark.server import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ledgerbatch.cli", "spark-server", "--port", str(port),
@@ -62,7 +62,7 @@ def classic_sessions_unaffected():
 
 @pytest.fixture
 def connect_spark(connect_server):
-    from ledgerbatch.connect import connect_spark
+    from ledgerbatch.spark.connect import connect_spark
 
     with connect_spark(connect_server, "ledgerbatch-connect-tests") as spark:
         yield spark
@@ -71,7 +71,8 @@ def connect_spark(connect_server):
 def test_a_connect_session_ships_the_package_and_knows_its_parallelism(connect_spark):
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from ledgerbatch.sparksession import default_parallelism, is_connect
+    from ledgerbatch.stage.driver import default_parallelism
+    from ledgerbatch.spark.session import is_connect
 
     def _import_path(batches):  # defined here: pickled by value (the server's workers have no `tests`)
         import ledgerbatch
@@ -104,7 +105,7 @@ def test_a_kept_session_outlives_its_client_and_its_python_workers_serve_the_nex
     """What the process task of a live batch does on each DAG run: attach to the pipeline's kept session. The
     second client, within Spark's 60 s idle limit of Python workers, finds the package and the sources there,
     and its tasks run in the same Python workers."""
-    from ledgerbatch.connect import connect_spark, kept_session_id
+    from ledgerbatch.spark.connect import connect_spark, kept_session_id
 
     name = f"live:kept-{time.monotonic_ns()}"
     with connect_spark(connect_server, "first", keep=name) as spark:
@@ -120,7 +121,7 @@ def test_a_kept_session_outlives_its_client_and_its_python_workers_serve_the_nex
 
 
 def test_a_failed_block_interrupts_its_jobs_and_leaves_the_kept_session_usable(connect_server):
-    from ledgerbatch.connect import connect_spark
+    from ledgerbatch.spark.connect import connect_spark
 
     name = f"live:interrupted-{time.monotonic_ns()}"
     with pytest.raises(RuntimeError, match="the task gave up"):
@@ -134,9 +135,9 @@ def test_a_failed_block_interrupts_its_jobs_and_leaves_the_kept_session_usable(c
 def test_queries_in_one_session_each_read_their_own_batch(connect_spark):
     """Two batches' queries in one session (a kept session, a zombie attempt beside its successor): `batch` is
     bound per statement, so the first query still reads its own rows after the second was built."""
-    from ledgerbatch.parse import staged_struct
-    from ledgerbatch.spec import parse_spec
-    from ledgerbatch.transform import run_query
+    from ledgerbatch.formats.parse import staged_struct
+    from ledgerbatch.spec.pipeline import parse_spec
+    from ledgerbatch.stage.transform import run_query
 
     spec = parse_spec({"name": "q", "source": {"topics": ["q"], "format": "json", "schema": "n INT"},
                       "target": {"table": "public.q", "mode": "append"},
@@ -152,8 +153,8 @@ def test_queries_in_one_session_each_read_their_own_batch(connect_spark):
 
 
 def test_run_pipeline_through_connect_moves_every_record_once(engine, db_url, broker, make_pipeline, connect_server):
-    from ledgerbatch.runner import run_pipeline
-    from ledgerbatch.sparksession import get_spark
+    from ledgerbatch.ops.run import run_pipeline
+    from ledgerbatch.spark.session import get_spark
 
     p = make_pipeline(partitions=3, batch__max_records=200)
     acked = produce(broker.bootstrap_servers, p.topic,

@@ -7,13 +7,13 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from ledgerbatch.commit import commit_batch
+from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import SpecVersionError
-from ledgerbatch.planner import plan_next
-from ledgerbatch.process import process_batch
-from ledgerbatch.replay import ReplayRequest, plan_replay, resolve_ranges
-from ledgerbatch.runner import run_pipeline
-from ledgerbatch.spec import parse_spec
+from ledgerbatch.plan.live import plan_next
+from ledgerbatch.stage.process import process_batch
+from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
+from ledgerbatch.ops.run import run_pipeline
+from ledgerbatch.spec.pipeline import parse_spec
 
 from .helpers import order_value, produce
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch.commit import commit_batch
-from ledgerbatch.modes import MODES, mode_for
-from ledgerbatch.states import BatchKind, BatchStatus
-from ledgerbatch.verify import verify
+from ledgerbatch.commit.transaction import commit_batch
+from ledgerbatch.commit.modes.catalog import MODES, mode_for
+from ledgerbatch.model.batch import BatchKind, BatchStatus
+from ledgerbatch.ops.verify import verify
 
 from .staged import (Pipe, Staged, batch, commit_in_child, cursors, qrow, quarantine, row, staged_batch,
                      staging_tables, target, target_spec)

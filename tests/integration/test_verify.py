@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch.runner import run_pipeline
-from ledgerbatch.verify import verify
+from ledgerbatch.ops.run import run_pipeline
+from ledgerbatch.ops.verify import verify
 
 from .helpers import cli, order_value, produce
 

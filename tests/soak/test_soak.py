@@ -15,7 +15,7 @@ import time
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch.verify import verify
+from ledgerbatch.ops.verify import verify
 
 from ..integration.helpers import assert_exactly_once, cli, order_value, produce
 from ..integration.test_faults import _popen_run

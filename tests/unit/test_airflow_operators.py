@@ -19,10 +19,10 @@ def connections(monkeypatch):
 @pytest.fixture
 def no_engines(monkeypatch):
     """make_engine records its URLs instead of connecting."""
-    import ledgerbatch.db
+    import ledgerbatch.ledger.engine
 
     made = []
-    monkeypatch.setattr(ledgerbatch.db, "make_engine", lambda url: made.append(url) or object())
+    monkeypatch.setattr(ledgerbatch.ledger.engine, "make_engine", lambda url: made.append(url) or object())
     return made
 
 
@@ -37,8 +37,8 @@ def test_ledger_hook_builds_its_engine_once(connections, no_engines):
 def test_kafka_hook_returns_bootstrap_options_and_ready_consumer_settings(connections, monkeypatch):
     from ledgerbatch.airflow.hooks import KafkaConfigHook
     from ledgerbatch.errors import ConfigError
-    from ledgerbatch.kafka import consumer_config
-    from ledgerbatch.spec import parse_spec, with_kafka_options
+    from ledgerbatch.source.kafka import consumer_config
+    from ledgerbatch.spec.pipeline import parse_spec, with_kafka_options
 
     hook = KafkaConfigHook()
     assert hook.get_bootstrap_servers() == "kafka-1:9093"
@@ -61,8 +61,7 @@ def test_kafka_hook_returns_bootstrap_options_and_ready_consumer_settings(connec
 
 
 def test_operators_keep_only_arguments_in_init(monkeypatch, tmp_path, no_engines):
-    from ledgerbatch.airflow.operators import (CommitBatchOperator, LedgerbatchBaseOperator, PlanBatchOperator,
-                                               PlanReplayOperator, ProcessBatchOperator, VerifyOperator)
+    from ledgerbatch.airflow.operators import CommitBatchOperator, LedgerbatchBaseOperator, PlanBatchOperator, PlanReplayOperator, ProcessBatchOperator, VerifyOperator
 
     monkeypatch.delenv("AIRFLOW_CONN_LEDGERBATCH_DB", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_LEDGERBATCH_KAFKA", raising=False)

@@ -5,7 +5,8 @@ import subprocess
 import sys
 import zipfile
 
-from ledgerbatch.sparksession import PACKAGE_DIR, package_zip
+from ledgerbatch.spark.package import PACKAGE_DIR, package_zip
+from ledgerbatch.spec.resolve import load_pipeline
 
 SECURITY = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "etl",
             "sasl.password": "s3cret", "ssl.ca.location": "/etc/kafka/ca.pem"}
@@ -14,20 +15,20 @@ SECURITY = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", 
 def test_package_zip_holds_the_modules_and_imports_without_the_install(tmp_path):
     path = package_zip(tmp_path)
     names = zipfile.ZipFile(path).namelist()
-    assert "ledgerbatch/source.py" in names and "ledgerbatch/airflow/operators.py" in names
+    assert "ledgerbatch/source/reader.py" in names and "ledgerbatch/airflow/operators.py" in names
     assert all(n.endswith(".py") for n in names)
     assert len(names) == len(list(PACKAGE_DIR.rglob("*.py")))
     # -I -S: no site-packages and no editable install, only the zip (as on an executor without the package)
-    code = f"import sys; sys.path.insert(0, {path!r}); import ledgerbatch.ranges as r; print(r.__file__)"
+    code = f"import sys; sys.path.insert(0, {path!r}); import ledgerbatch.model.ranges as r; print(r.__file__)"
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == f"{path}/ledgerbatch/ranges.py"
+    assert out.stdout.strip() == f"{path}/ledgerbatch/model/ranges.py"
 
 
 def test_kafka_security_from_the_connection_reaches_planner_and_readers(tmp_path, monkeypatch):
     from ledgerbatch.airflow.hooks import settings_from_connections
     from ledgerbatch.airflow.operators import ProcessBatchOperator
     from ledgerbatch.config import Settings
-    from ledgerbatch.kafka import consumer_config
+    from ledgerbatch.source.kafka import consumer_config
 
     (tmp_path / "orders.yaml").write_text(
         "name: orders\nsource: {topics: [orders], schema: 'a STRING', kafka: {client.id: orders-etl}}\n"
@@ -47,7 +48,7 @@ def test_kafka_security_from_the_connection_reaches_planner_and_readers(tmp_path
     # and the planner's and the readers' consumers are built from the spec with consumer_config.
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    spec = Settings.from_env().spec("orders")
+    spec = load_pipeline(Settings.from_env(), "orders")
     conf = consumer_config(env["KAFKA_BOOTSTRAP_SERVERS"], dict(spec.kafka_options))
     assert {k: conf[k] for k in SECURITY} == SECURITY
     assert conf["client.id"] == "orders-etl" and conf["isolation.level"] == "read_committed"

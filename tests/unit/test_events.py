@@ -5,9 +5,9 @@ import socket
 import pytest
 
 from ledgerbatch.errors import ConfigError
-from ledgerbatch.events import StatsdClient, phase_event
-from ledgerbatch.ledger import Batch
-from ledgerbatch.ranges import OffsetRange
+from ledgerbatch.ops.events import StatsdClient, phase_event
+from ledgerbatch.model.batch import Batch
+from ledgerbatch.model.ranges import OffsetRange
 
 
 def batch(**counts) -> Batch:

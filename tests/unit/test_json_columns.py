@@ -8,17 +8,17 @@ from decimal import Decimal
 
 import pytest
 
-from ledgerbatch.demodata import order
-from ledgerbatch.json_columns import JsonColumns
-from ledgerbatch.parse import Parser
-from ledgerbatch.source import Records
+from ledgerbatch.dev.demodata import order
+from ledgerbatch.formats.json_columns import JsonColumns
+from ledgerbatch.formats.parse import Parser
+from ledgerbatch.source.reader import Records
 
 COLUMNS = "s STRING, i INT, b BIGINT, h SMALLINT, d DECIMAL(12,2), w DECIMAL(38,10), f DOUBLE, r FLOAT, " \
           "ok BOOLEAN, ts TIMESTAMP, day DATE"
 
 
 def columns(ddl=COLUMNS):
-    from ledgerbatch.schema import parse_schema
+    from ledgerbatch.formats.schema import parse_schema
 
     return parse_schema(ddl)
 
@@ -50,7 +50,7 @@ def test_the_parser_takes_it_for_plain_json_only():
     assert Parser(cols).chunked is not None
     assert Parser(columns("s STRING, raw BINARY")).chunked is None
     assert Parser(columns("s STRING, tags ARRAY<STRING>")).chunked is None
-    from ledgerbatch.parse import make_parser
+    from ledgerbatch.formats.parse import make_parser
 
     assert make_parser(cols, ("s",), "json", {}, (), changes=True).chunked is None
 

@@ -1,4 +1,4 @@
-from ledgerbatch.kafka import consumer_config
+from ledgerbatch.source.kafka import consumer_config
 
 
 def test_user_options_cannot_override_the_exactness_settings():

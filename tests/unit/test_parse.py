@@ -3,10 +3,11 @@ from decimal import Decimal
 
 import pytest
 
-from ledgerbatch.convert import BadValue, converter
-from ledgerbatch.decoders import make_decoder
-from ledgerbatch.parse import parse_value
-from ledgerbatch.schema import parse_schema
+from ledgerbatch.formats.bad_value import BadValue
+from ledgerbatch.formats.convert import converter
+from ledgerbatch.formats.decoders.catalog import make_decoder
+from ledgerbatch.formats.parse import parse_value
+from ledgerbatch.formats.schema import parse_schema
 
 COLUMNS = parse_schema("s STRING, i INT, b BIGINT, d DECIMAL(6,2), f DOUBLE, ok BOOLEAN, ts TIMESTAMP, day DATE")
 CONVERTERS = [converter(c) for c in COLUMNS]
@@ -30,8 +31,8 @@ def test_numbers_and_booleans_keep_their_json_text_in_strings():
 
 def test_zero_with_any_exponent_is_zero():
     """Staged, not only converted: Arrow refuses Decimal('0E+48') for a DECIMAL(6,2) column."""
-    from ledgerbatch.parse import Parser
-    from ledgerbatch.source import Records
+    from ledgerbatch.formats.parse import Parser
+    from ledgerbatch.source.reader import Records
 
     parser = Parser(COLUMNS)
     parser.chunked = None  # the per-record path

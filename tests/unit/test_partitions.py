@@ -1,4 +1,4 @@
-from ledgerbatch.partitions import Partition, Publish, plan_publish
+from ledgerbatch.commit.modes.partitions import Partition, Publish, plan_publish
 
 
 def test_first_batch_becomes_the_open_partition_whatever_its_size():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledgerbatch.transform import statement
+from ledgerbatch.stage.transform import statement
 
 
 @pytest.mark.parametrize("query, want", [

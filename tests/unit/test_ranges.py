@@ -1,7 +1,7 @@
 import pytest
 
 from ledgerbatch.errors import DataLossError, LedgerbatchError
-from ledgerbatch.ranges import OffsetRange, Watermarks, plan_ranges, split_budget, start_offsets
+from ledgerbatch.model.ranges import OffsetRange, Watermarks, plan_ranges, split_budget, start_offsets
 
 
 def test_split_budget_serves_small_lags_whole_and_splits_the_rest_evenly():

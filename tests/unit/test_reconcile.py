@@ -1,7 +1,7 @@
 import pytest
 
 from ledgerbatch.errors import ReconcileError
-from ledgerbatch.reconcile import Counts, check_error_budget, reconcile, reconcile_ranges
+from ledgerbatch.model.reconcile import Counts, check_error_budget, reconcile, reconcile_ranges
 
 
 def test_reconcile_accepts_matching_counts():

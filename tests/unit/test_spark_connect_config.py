@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ledgerbatch.connect_server import CONNECT_SERVER_CLASS, connect_server_command
+from ledgerbatch.spark.server import CONNECT_SERVER_CLASS, connect_server_command
 
 
 def test_the_spark_connect_connection_names_the_server(monkeypatch):
@@ -35,7 +35,7 @@ def test_the_cli_takes_LEDGERBATCH_SPARK_REMOTE_unless_a_master_is_given(monkeyp
     settings = Settings.from_env()
     assert settings.spark_remote == "sc://127.0.0.1:15002"
     seen = []
-    monkeypatch.setattr("ledgerbatch.sparksession.get_spark", lambda *a, **kw: seen.append((a, kw)) or _Session())
+    monkeypatch.setattr("ledgerbatch.spark.session.get_spark", lambda *a, **kw: seen.append((a, kw)) or _Session())
     _spark_factory(build_parser().parse_args(["run", "orders"]), settings, "app")()
     _spark_factory(build_parser().parse_args(["run", "orders", "--master", "local[2]"]), settings, "app")()
     assert seen == [((), {"app_name": "app", "remote": "sc://127.0.0.1:15002"}), (("local[2]", "app"), {})]
@@ -53,7 +53,7 @@ def test_the_server_command_is_the_wheels_spark_connect_server():
 
 
 def test_a_spark_connect_url_that_names_a_session_is_refused():
-    from ledgerbatch.connect import connect_session
+    from ledgerbatch.spark.connect import connect_session
     from ledgerbatch.errors import ConfigError
 
     with pytest.raises(ConfigError, match="names a session"):
@@ -63,7 +63,7 @@ def test_a_spark_connect_url_that_names_a_session_is_refused():
 def test_kept_session_ids_differ_by_pipeline_generation_and_day():
     import datetime as dt
 
-    from ledgerbatch.connect import kept_session_id
+    from ledgerbatch.spark.connect import kept_session_id
 
     day = dt.date(2026, 11, 23)
     ids = {kept_session_id(n, g, d) for n in ("live:a", "live:b") for g in (0, 1) for d in (day, day + dt.timedelta(1))}

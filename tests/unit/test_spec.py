@@ -1,7 +1,7 @@
 import pytest
 
 from ledgerbatch.errors import SpecError
-from ledgerbatch.spec import parse_spec
+from ledgerbatch.spec.pipeline import parse_spec
 
 MINIMAL = {
     "name": "orders",
@@ -142,7 +142,7 @@ def test_debezium_with_an_empty_registry_is_still_json():
 
 def test_avro_debezium_without_a_registry_url_is_refused_at_load():
     from ledgerbatch.errors import ConfigError
-    from ledgerbatch.registry import with_registry
+    from ledgerbatch.spec.resolve import with_registry
 
     spec = parse_spec(spec_with(source__format="debezium", source__converter="avro", target__mode="upsert",
                                 target__key=["order_id"]))

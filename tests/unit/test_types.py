@@ -5,12 +5,13 @@ from decimal import Decimal
 
 import pytest
 
-from ledgerbatch.convert import BadValue, converter
-from ledgerbatch.decoders import make_decoder
+from ledgerbatch.formats.bad_value import BadValue
+from ledgerbatch.formats.convert import converter
+from ledgerbatch.formats.decoders.catalog import make_decoder
 from ledgerbatch.errors import SpecError
-from ledgerbatch.evolve import plan_evolution
-from ledgerbatch.parse import headers_json, parse_value
-from ledgerbatch.schema import parse_schema
+from ledgerbatch.commit.evolve import plan_evolution
+from ledgerbatch.formats.parse import headers_json, parse_value
+from ledgerbatch.formats.schema import parse_schema
 
 COLUMNS = parse_schema("id BIGINT, customer STRUCT<name: STRING, tier: INT>, tags ARRAY<STRING>, "
                        "scores MAP<STRING, DECIMAL(5,2)>, extra VARIANT, blob BINARY, "
@@ -124,7 +125,7 @@ def test_evolution_adds_widens_and_refuses_the_rest():
 def test_protobuf_columns_of_a_message_that_contains_itself():
     from google.protobuf import descriptor_pb2
 
-    from ledgerbatch.decoders.protobuf import _field_type
+    from ledgerbatch.formats.decoders.protobuf import _field_type
 
     from ..serde import add_fields, message_class
 

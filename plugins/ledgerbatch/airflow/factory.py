@@ -10,13 +10,19 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import DAG, Asset, AssetAlias, AssetWatcher, Param
 
-from ..config import REPO_ROOT
-from ..errors import SpecError
-from ..spec import PipelineSpec, parse_spec_file
-from .hooks import LedgerHook
-from .operators import (CommitBatchOperator, PlanBatchOperator, PlanReplayOperator, ProcessBatchOperator,
-                        ReviewBatchOperator, VerifyOperator)
-from .triggers import NewDataTrigger
+from ledgerbatch.airflow.hooks import LedgerHook
+from ledgerbatch.airflow.operators import (
+    CommitBatchOperator,
+    PlanBatchOperator,
+    PlanReplayOperator,
+    ProcessBatchOperator,
+    ReviewBatchOperator,
+    VerifyOperator,
+)
+from ledgerbatch.airflow.triggers import NewDataTrigger
+from ledgerbatch.config import REPO_ROOT
+from ledgerbatch.errors import SpecError
+from ledgerbatch.spec.pipeline import PipelineSpec, parse_spec_file
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from urllib.parse import quote
 from airflow.sdk import BaseHook
 from sqlalchemy.engine import URL
 
-from ..config import Settings
-from ..errors import ConfigError
+from ledgerbatch.config import Settings
+from ledgerbatch.errors import ConfigError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -58,7 +58,7 @@ class LedgerHook(BaseHook):
         """The engine of `get_url()` (ledgerbatch.db.make_engine: PostgreSQL, checked reachable); built once
         per hook."""
         if self._engine is None:
-            from ..db import make_engine
+            from ledgerbatch.ledger.engine import make_engine
 
             self._engine = make_engine(self.get_url())
         return self._engine
@@ -128,7 +128,7 @@ class KafkaConfigHook(BaseHook):
     def get_consumer_config(self, options: Mapping[str, Any] | None = None) -> dict:
         """Ready settings of a ledgerbatch consumer: the connection's options under `options` (a spec's own
         `source.kafka`, as ledgerbatch.spec.with_kafka_options merges them), the exactness settings over all."""
-        from ..kafka import consumer_config
+        from ledgerbatch.source.kafka import consumer_config
 
         return consumer_config(self.get_bootstrap_servers(), {**self.get_options(), **dict(options or {})})
 

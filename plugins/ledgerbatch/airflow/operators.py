@@ -21,14 +21,21 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk.observability.stats import Stats
 
-from ..config import REPO_ROOT, Settings
-from ..events import phase_event
-from .hooks import SPARK_CONNECT_CONN_ID, KafkaConfigHook, LedgerHook, settings_from_hooks, spark_connect_url
+from ledgerbatch.airflow.hooks import (
+    SPARK_CONNECT_CONN_ID,
+    KafkaConfigHook,
+    LedgerHook,
+    settings_from_hooks,
+    spark_connect_url,
+)
+from ledgerbatch.config import REPO_ROOT, Settings
+from ledgerbatch.ops.events import phase_event
+from ledgerbatch.spec.resolve import load_pipeline
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from ..spec import PipelineSpec
+    from ledgerbatch.spec.pipeline import PipelineSpec
 
 SPARK_JOB = REPO_ROOT / "spark_jobs" / "process_batch.py"
 
@@ -73,19 +80,19 @@ class LedgerbatchBaseOperator(BaseOperator):
 
     def load_spec(self) -> PipelineSpec:
         """The pipeline's spec, with the Kafka connection's options under its own `source.kafka`."""
-        return self.settings.spec(self.pipeline)
+        return load_pipeline(self.settings, self.pipeline)
 
     def _engine_and_spec(self) -> tuple[Engine, PipelineSpec]:
         """Both connections first, then the database (checked reachable), then the spec file."""
         settings = self.settings
-        return self.ledger_hook.get_engine(), settings.spec(self.pipeline)
+        return self.ledger_hook.get_engine(), load_pipeline(settings, self.pipeline)
 
     def _phase_event(self, phase: str, batch_id: int, started: float, **counts) -> None:
         """The phase's event line and metrics, through Airflow's Stats (the deployment's [metrics] settings)."""
-        from .. import ledger
+        from ledgerbatch.ledger.batches import get_batch
 
         with self.ledger_hook.get_engine().connect() as conn:
-            batch = ledger.get_batch(conn, batch_id)
+            batch = get_batch(conn, batch_id)
         phase_event(phase, batch, time.monotonic() - started, stats=Stats, **counts)
 
 
@@ -106,7 +113,7 @@ class PlanBatchOperator(LedgerbatchBaseOperator, ShortCircuitOperator):
         return super().execute(context)
 
     def _plan(self) -> int | None:
-        from ..planner import plan_next
+        from ledgerbatch.plan.live import plan_next
 
         engine, spec = self._engine_and_spec()
         started = time.monotonic()
@@ -133,7 +140,7 @@ class PlanReplayOperator(LedgerbatchBaseOperator):
         self.request = request
 
     def execute(self, context) -> int:
-        from ..replay import plan_replay, request_from_params, resolve_ranges
+        from ledgerbatch.plan.replay import plan_replay, request_from_params, resolve_ranges
 
         engine, spec = self._engine_and_spec()
         params = json.loads(self.request) if isinstance(self.request, str) else self.request
@@ -201,10 +208,10 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
 
     def _process_on_connect(self, remote: str) -> None:
         """What spark_jobs/process_batch.py does, in this task, on a session of the Spark Connect server."""
-        from .. import ledger
-        from ..connect import connect_spark
-        from ..process import process_batch
-        from ..states import BatchKind
+        from ledgerbatch.ledger.batches import get_batch
+        from ledgerbatch.model.batch import BatchKind
+        from ledgerbatch.spark.connect import connect_spark
+        from ledgerbatch.stage.process import process_batch
 
         engine, spec = self._engine_and_spec()
         settings = self.settings
@@ -212,7 +219,7 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
                       remote.split(";")[0])  # user id and token stay out of the log
         # A live batch runs in the pipeline's kept session, warm from its last run; a replay in its own (connect.py).
         with engine.connect() as conn:
-            live = ledger.get_batch(conn, int(self.batch_id)).kind == BatchKind.LIVE
+            live = get_batch(conn, int(self.batch_id)).kind == BatchKind.LIVE
         keep = f"live:{spec.name}" if live else None
         with connect_spark(remote, f"ledgerbatch-{spec.name}-batch-{self.batch_id}", keep) as spark:
             process_batch(spark, engine, spec, int(self.batch_id), settings.db_url, settings.bootstrap_servers)
@@ -237,8 +244,8 @@ class ReviewBatchOperator(LedgerbatchBaseOperator, ApprovalOperator):
         self.approve = approve
 
     def execute(self, context):
-        from .. import ledger
-        from ..replay import staged_diff
+        from ledgerbatch.commit.diff import staged_diff
+        from ledgerbatch.ledger.batches import get_batch
 
         if str(self.approve).lower() not in ("true", "1"):
             self.log.info("batch %s: no approval asked for", self.batch_id)
@@ -246,7 +253,7 @@ class ReviewBatchOperator(LedgerbatchBaseOperator, ApprovalOperator):
         engine, spec = self._engine_and_spec()
         diff = staged_diff(engine, spec, int(self.batch_id))
         with engine.connect() as conn:
-            batch = ledger.get_batch(conn, int(self.batch_id))
+            batch = get_batch(conn, int(self.batch_id))
         self.subject = f"Commit {batch.kind} batch {batch.batch_id} of {spec.name}?"
         self.body = (f"Committing replaces the target rows of these source coordinates in "
                      f"`{spec.target_schema}.{spec.target_table}` in one transaction:\n\n"
@@ -258,7 +265,7 @@ class ReviewBatchOperator(LedgerbatchBaseOperator, ApprovalOperator):
         return super().execute(context)
 
     def execute_complete(self, context, event: dict[str, Any]) -> Any:
-        from ..abandon import abandon_batch
+        from ledgerbatch.ops.abandon import abandon_batch
 
         if event.get("chosen_options") == [self.REJECT]:  # before super() skips commit and verify
             engine, spec = self._engine_and_spec()
@@ -290,8 +297,8 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         self.dry_run = dry_run
 
     def execute(self, context) -> dict:
-        from ..commit import commit_batch
-        from ..replay import dry_run_diff
+        from ledgerbatch.commit.diff import dry_run_diff
+        from ledgerbatch.commit.transaction import commit_batch
 
         engine, spec = self._engine_and_spec()
         if str(self.dry_run).lower() in ("true", "1"):
@@ -317,10 +324,10 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         """The committed batch as the extra of this task's asset events."""
         from airflow.sdk import Asset, AssetAlias
 
-        from .. import ledger
+        from ledgerbatch.ledger.batches import get_batch
 
         with self.ledger_hook.get_engine().connect() as conn:
-            extra = asset_extra(spec, ledger.get_batch(conn, int(self.batch_id)))
+            extra = asset_extra(spec, get_batch(conn, int(self.batch_id)))
         for outlet in self.outlets:
             if isinstance(outlet, Asset):
                 context["outlet_events"][outlet].extra = extra
@@ -351,7 +358,7 @@ class VerifyOperator(LedgerbatchBaseOperator):
     """`ledgerbatch verify`: fails (without retrying) naming each violated invariant."""
 
     def execute(self, context) -> None:
-        from ..verify import verify
+        from ledgerbatch.ops.verify import verify
 
         engine, spec = self._engine_and_spec()
         problems = verify(engine, spec)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from .hooks import KafkaConfigHook, LedgerHook, settings_from_hooks
+from ledgerbatch.airflow.hooks import KafkaConfigHook, LedgerHook, settings_from_hooks
+from ledgerbatch.spec.resolve import load_pipeline
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -22,9 +23,9 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer
     from sqlalchemy.engine import Engine
 
-    from ..ledger import Batch
-    from ..ranges import TopicPartition, Watermarks
-    from ..spec import PipelineSpec
+    from ledgerbatch.model.batch import Batch
+    from ledgerbatch.model.ranges import TopicPartition, Watermarks
+    from ledgerbatch.spec.pipeline import PipelineSpec
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def pending(spec: PipelineSpec, ends: dict[TopicPartition, Watermarks], cursors:
     `source.start`, a partition added later at its log start) up to its end offset.
 
     Offsets the unfinished batch covers are not counted: a run is delivering them (or will resume them)."""
-    from ..ranges import start_offsets
+    from ledgerbatch.model.ranges import start_offsets
 
     covered = dict(cursors)
     for r in unfinished.ranges if unfinished is not None else ():
@@ -84,9 +85,9 @@ class NewDataProbe:
         on the kept consumer)."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        from ..errors import ConfigError
-        from ..kafka import METADATA_TIMEOUT_S
-        from ..ranges import Watermarks
+        from ledgerbatch.errors import ConfigError
+        from ledgerbatch.model.ranges import Watermarks
+        from ledgerbatch.source.kafka import METADATA_TIMEOUT_S
 
         out = {}
         try:
@@ -104,17 +105,18 @@ class NewDataProbe:
         return out
 
     def look(self) -> Pending:
-        from .. import ledger
-        from ..errors import LedgerbatchError
+        from ledgerbatch.errors import LedgerbatchError
+        from ledgerbatch.ledger.batches import get_batch, open_live_batch_id
+        from ledgerbatch.ledger.cursors import get_cursors
 
         with self._lock:
             if self._closed:
                 raise LedgerbatchError("the probe is closed")
             ends = self.end_offsets()
             with self.engine.connect() as conn:
-                open_id = ledger.open_live_batch_id(conn, self.spec.name)
-                unfinished = ledger.get_batch(conn, open_id) if open_id is not None else None
-                cursors = ledger.cursors(conn, self.spec.name)
+                open_id = open_live_batch_id(conn, self.spec.name)
+                unfinished = get_batch(conn, open_id) if open_id is not None else None
+                cursors = get_cursors(conn, self.spec.name)
         return pending(self.spec, ends, cursors, unfinished)
 
     def close(self) -> None:
@@ -166,11 +168,11 @@ class NewDataTrigger(BaseEventTrigger):
 
     def _open_probe(self) -> NewDataProbe:
         """The connections (through the hooks), the spec with the Kafka connection's options, the probe."""
-        from ..kafka import consumer_config
+        from ledgerbatch.source.kafka import consumer_config
 
         ledger_hook, kafka_hook = LedgerHook(self.ledger_conn_id), KafkaConfigHook(self.kafka_conn_id)
         settings = settings_from_hooks(ledger_hook, kafka_hook, self.pipelines_dir)
-        spec = settings.spec(self.pipeline)
+        spec = load_pipeline(settings, self.pipeline)
         # The planner's consumer settings (planner.plan_next -> kafka.watermarks): the same end offsets.
         return NewDataProbe(spec, ledger_hook.get_engine(), consumer_config(settings.bootstrap_servers,
                                                                             dict(spec.kafka_options)))

@@ -1,0 +1,68 @@
+"""`mode: append`: every good record is a row, unique on its source coordinates.
+
+Append targets are range-partitioned by batch id (partitions.py): a big batch's staging table is
+attached as a partition (metadata only), a small one is copied. A replay first deletes what earlier
+deliveries of its ranges left in the target.
+"""
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from ledgerbatch.commit.modes import partitions
+from ledgerbatch.commit.modes.base import TargetMode, target_names
+from ledgerbatch.commit.modes.partitions import Partition, plan_publish
+from ledgerbatch.commit.target import target_defs
+from ledgerbatch.errors import SpecError
+from ledgerbatch.model.batch import Batch, BatchKind
+from ledgerbatch.model.ranges import range_arrays
+from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.sqlfiles import Fragment, query
+from ledgerbatch.stage.tables import column_names
+
+
+def partition_name(table: str, batch_id: int) -> str:
+    suffix = f"_b{batch_id}"
+    return table.encode()[:63 - len(suffix)].decode(errors="ignore") + suffix
+
+
+class Append(TargetMode):
+    rows_match_records = True
+
+    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
+        conn.execute(text(query("create_target_append", defs=target_defs(spec), **target_names(spec))))
+
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
+        target = target_names(spec)
+        staging, batch_id = batch.staging_table, batch.batch_id
+        if batch.kind != BatchKind.LIVE:
+            conn.execute(text(query("delete_target_in_ranges", **target)), range_arrays(batch.ranges))
+        layout = conn.execute(text(query("target_layout")), target).one()
+        plan = None  # a target created before targets were partitioned only takes copies
+        if layout.partitioned:
+            existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
+            plan = plan_publish(batch_id, batch.rows_written, existing, partitions.ATTACH_MIN_ROWS)
+        if plan is None or not plan.attach:
+            conn.execute(text(query("insert_append", staging=staging, columns=column_names(spec), **target)))
+            return
+        if not layout.can_attach:
+            raise SpecError(f"target {spec.target_schema}.{spec.target_table}: this login may not add partitions to "
+                            f"it: it must own the table (or be a member of its owner role) and may CREATE in its schema")
+        if plan.close:
+            conn.execute(text(query("close_partition", partition=plan.close.name, **target)),
+                         {"lower": plan.close.lower, "upper": batch_id})
+        _align_staging(conn, target, staging)
+        upper = Fragment("MAXVALUE" if plan.upper is None else str(int(plan.upper)))
+        conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
+                                upper=upper, **target)), {"batch_id": batch_id})
+
+
+def _align_staging(conn: Connection, target: dict, staging: str) -> None:
+    """A partition needs every column of the target: one the spec no longer lists (a field the
+    schema dropped) is added to the staging table, NULL, before it is attached."""
+    columns = text(query("table_columns"))
+    staged = {r.column_name for r in conn.execute(columns, {"schema": "ledger_staging", "table": staging})}
+    for r in conn.execute(columns, target).all():
+        if r.column_name not in staged:
+            conn.execute(text(query("add_column", schema="ledger_staging", table=staging, column=r.column_name,
+                                    type=Fragment(r.type))))

@@ -1,0 +1,52 @@
+"""The one interface every target mode implements."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from ledgerbatch.commit.target import evolve_target
+from ledgerbatch.identifiers import quote_ident
+from ledgerbatch.ledger.inspection import target_violations
+from ledgerbatch.model.batch import Batch
+from ledgerbatch.model.ranges import range_arrays
+from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.sqlfiles import Fragment, query
+from ledgerbatch.stage.tables import column_names
+
+
+class TargetMode(ABC):
+    #: every record read is a target row or quarantined, so `verify` can count them
+    rows_match_records: bool
+
+    def ensure_target(self, conn: Connection, spec: PipelineSpec) -> None:
+        """Create the target on first use, evolve it as the spec allows, refuse it if it disagrees."""
+        self.create_target(conn, spec)
+        evolve_target(conn, spec)
+
+    @abstractmethod
+    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
+        """CREATE TABLE IF NOT EXISTS in this mode's shape."""
+
+    @abstractmethod
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
+        """Move the batch's staged good rows (ledger_staging.<batch.staging_table>) into the target."""
+
+    def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
+        """A staged replay against the target, as (added, removed, changed, unchanged) rows."""
+        return conn.execute(text(query("replay_diff", staging=batch.staging_table, columns=column_names(spec),
+                                       **target_names(spec))), range_arrays(batch.ranges)).one()
+
+    def violations(self, conn: Connection, spec: PipelineSpec) -> list[str]:
+        """`verify`: target rows the ledger cannot account for."""
+        return target_violations(conn, spec.name, spec.target_schema, spec.target_table, self.rows_match_records)
+
+
+def target_names(spec: PipelineSpec) -> dict[str, str]:
+    return dict(schema=spec.target_schema, table=spec.target_table)
+
+
+def prefixed(alias: str, columns) -> Fragment:
+    """`alias."a", alias."b"`: validated column names qualified by a table alias."""
+    return Fragment(", ".join(f"{alias}.{quote_ident(c)}" for c in columns))

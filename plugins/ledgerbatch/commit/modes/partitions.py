@@ -1,0 +1,41 @@
+"""How a batch's staged rows join a range-partitioned append target (pure logic; append.py does the I/O).
+
+Partitions cover runs of batch ids: `[from, to)`, the newest `[from, MAXVALUE)` ("open"). A big
+batch becomes a partition of its own: its staging table is attached as is (metadata only), and the
+open partition before it is closed at its id. A small batch is copied into the partition that covers
+its id, so partitions grow with big batches only, not with every batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ATTACH_MIN_ROWS = 50_000  # below this, copying the rows costs less than another partition
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    lower: int
+    upper: int | None  # None: MAXVALUE (the open partition)
+
+    def covers(self, batch_id: int) -> bool:
+        return self.lower <= batch_id and (self.upper is None or batch_id < self.upper)
+
+
+@dataclass(frozen=True)
+class Publish:
+    """`attach`: attach the staging table as `[batch_id, upper)` (upper None: MAXVALUE), after closing
+    `close` at batch_id when given. Otherwise INSERT … SELECT into the partition that covers the batch."""
+    attach: bool
+    upper: int | None = None
+    close: Partition | None = None
+
+
+def plan_publish(batch_id: int, rows: int, partitions: list[Partition], min_rows: int = ATTACH_MIN_ROWS) -> Publish:
+    covering = next((p for p in partitions if p.covers(batch_id)), None)
+    if covering is None:  # e.g. the first batch, or a batch planned before the newest partition
+        later = [p.lower for p in partitions if p.lower > batch_id]
+        return Publish(attach=True, upper=min(later) if later else None)
+    if covering.upper is None and covering.lower < batch_id and rows >= min_rows:
+        return Publish(attach=True, close=covering)
+    return Publish(attach=False)

@@ -1,0 +1,97 @@
+"""`mode: upsert`: one row per key; within a batch the highest offset wins, across batches the later
+batch. A replay replaces only rows whose value came from its ranges: newer values are kept.
+
+Change pipelines (`format: debezium`, `target.deletes: true`) stage changes: a key's last change in the
+batch upserts or deletes its row. The last delete of each deleted key is kept in
+`ledger_deletes.<pipeline>` (with its coordinates, like a row's), so a replay decides by the key's
+last change delivered, row or delete, whether its own change is newer (sql/queries/mode_upsert.sql)."""
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from ledgerbatch.commit.modes.base import TargetMode, prefixed, target_names
+from ledgerbatch.commit.target import evolve_target, table_exists, target_defs
+from ledgerbatch.formats.schema import LINEAGE
+from ledgerbatch.identifiers import quote_ident
+from ledgerbatch.ledger.inspection import deleted_key_violations
+from ledgerbatch.model.batch import Batch, BatchKind
+from ledgerbatch.model.ranges import range_arrays
+from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.sqlfiles import Fragment, query
+from ledgerbatch.stage.tables import column_names
+
+
+class Upsert(TargetMode):
+    rows_match_records = False  # several records of one key make one row
+
+    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
+        conn.execute(text(query("create_target_upsert", defs=target_defs(spec), key=list(spec.key),
+                                **target_names(spec))))
+        if spec.changes:
+            conn.execute(text(query("create_deletes", defs=target_defs(spec), key=list(spec.key),
+                                    deletes=deletes_table(spec))))
+
+    def ensure_target(self, conn: Connection, spec: PipelineSpec) -> None:
+        super().ensure_target(conn, spec)
+        if spec.changes:
+            evolve_target(conn, spec, at=("ledger_deletes", deletes_table(spec)))
+
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
+        updated = column_names(spec) + [c.name for c in LINEAGE]
+        set_list = Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
+        if spec.changes:
+            return self._publish_changes(conn, spec, batch, set_list)
+        sql = query("insert_upsert" if batch.kind == BatchKind.LIVE else "replay_upsert", key=list(spec.key),
+                    set_list=set_list, staging=batch.staging_table, columns=column_names(spec),
+                    **target_names(spec))
+        conn.execute(text(sql), range_arrays(batch.ranges))
+
+    def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
+        """A change pipeline's dry run counts what its winning changes would do: upserts add or change
+        rows (or leave them unchanged), deletes remove them."""
+        if not spec.changes:
+            return super().diff(conn, spec, batch)
+        names = self._change_names(spec, batch, Fragment(""))
+        conn.execute(text(query("last_changes", **names)), {"live": False, **range_arrays(batch.ranges)})
+        columns = column_names(spec)
+        diff = conn.execute(text(query("changes_diff", columns_c=prefixed("c", columns),
+                                       columns_t=prefixed("t", columns), **names))).one()
+        conn.execute(text(query("drop_last_changes")))
+        return diff
+
+    def violations(self, conn: Connection, spec: PipelineSpec) -> list[str]:
+        problems = super().violations(conn, spec)
+        if spec.changes and table_exists(conn, "ledger_deletes", deletes_table(spec)):
+            problems += deleted_key_violations(conn, spec.name, target_names(spec), deletes_table(spec),
+                                                      list(spec.key))
+        return problems
+
+    @staticmethod
+    def _publish_changes(conn: Connection, spec: PipelineSpec, batch: Batch, set_list: Fragment) -> None:
+        """Each key's last change that wins (last_changes) deletes or upserts its row, and moves the key
+        out of or into the pipeline's deletes."""
+        names = Upsert._change_names(spec, batch, set_list)
+        conn.execute(text(query("last_changes", **names)),
+                     {"live": batch.kind == BatchKind.LIVE, **range_arrays(batch.ranges)})
+        for step in ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes", "drop_last_changes"):
+            conn.execute(text(query(step, **names)))
+
+
+    @staticmethod
+    def _change_names(spec: PipelineSpec, batch: Batch, set_list: Fragment) -> dict:
+        return dict(key=list(spec.key), columns=column_names(spec), staging=batch.staging_table,
+                    deletes=deletes_table(spec), match_t=_match("t", spec.key), match_d=_match("d", spec.key),
+                    set_list=set_list, **target_names(spec))
+
+
+def deletes_table(spec: PipelineSpec) -> str:
+    """The pipeline's deleted keys: ledger_deletes.<pipeline>."""
+    return spec.name
+
+
+def _match(alias: str, key) -> Fragment:
+    """The key of `alias` equals the key of the last change `c`."""
+    return Fragment(" AND ".join(f"{alias}.{quote_ident(k)} = c.{quote_ident(k)}" for k in key))
+
+

@@ -1,0 +1,147 @@
+"""The commit: ONE PostgreSQL transaction that moves staged rows into the target and advances the cursors.
+
+Read it top to bottom like a script. Either every step happens or none does; a commit that
+already happened is a no-op; a cursor that moved under us (a newer attempt, another runner)
+rolls everything back.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+
+from ledgerbatch.commit.modes.catalog import mode_for
+from ledgerbatch.errors import FencedError, LedgerbatchError, ReconcileError
+from ledgerbatch.faults import crash_point, terminate_point
+from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_committed, mark_failed
+from ledgerbatch.ledger.cursors import advance_cursor, range_kind
+from ledgerbatch.ledger.quarantine import clear_quarantine, quarantine_staged
+from ledgerbatch.model.batch import BatchKind, BatchStatus, RangeRefused
+from ledgerbatch.model.reconcile import Counts, check_error_budget, reconcile, reconcile_query, reconcile_ranges
+from ledgerbatch.spec.pipeline import PipelineSpec, check_version
+from ledgerbatch.stage.tables import (
+    bad_name,
+    drop_finished_staging,
+    drop_staging,
+    lock_staging,
+    staged_bad,
+    staged_changes,
+    staged_counts,
+    staged_overlap,
+    staged_rows,
+    staging_complete,
+)
+from ledgerbatch.stage.transform import spec_for_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    batch_id: int
+    already_committed: bool
+    rows_written: int
+    rows_quarantined: int
+    seconds: float
+
+
+def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None = None) -> CommitResult:
+    try:
+        return _commit(engine, spec, batch_id, attempt)
+    except ReconcileError as exc:
+        # The staged result cannot be committed: fail the attempt that was checked (never a newer one
+        # that began meanwhile) so the next run re-reads the ranges.
+        with engine.begin() as conn:
+            checked = exc.attempt or attempt or get_batch(conn, batch_id).attempt
+            mark_failed(conn, batch_id, checked, str(exc))
+        raise
+
+
+def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None) -> CommitResult:
+    started = time.monotonic()
+    with engine.begin() as conn:
+        # 1. Lock the batch; every other committer of it waits here.
+        batch = get_batch(conn, batch_id, for_update=True)
+        if batch.pipeline != spec.name:
+            raise LedgerbatchError(f"batch {batch_id} belongs to pipeline {batch.pipeline}, not {spec.name}")
+        if batch.status == BatchStatus.COMMITTED:
+            log.info("batch %d is already committed: nothing to do", batch_id)
+            return CommitResult(batch_id, True, batch.rows_written, batch.rows_quarantined, time.monotonic() - started)
+        if batch.status != BatchStatus.STAGED:
+            raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged: process it first")
+        if attempt is not None and batch.attempt != attempt:
+            raise FencedError(f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} owns the batch")
+        check_version(spec, batch_id, batch.spec_version)  # staged under the spec it was planned with, or refused
+        spec = spec_for_batch(spec, batch.output_schema)  # a query pipeline publishes the output it staged
+
+        # 2. Live: compare-and-set every cursor from `from` to `until`.
+        #    Replay/backfill: the cursors stay; each range must still be what it was planned as.
+        if batch.kind == BatchKind.LIVE:
+            for r in batch.ranges:
+                if not advance_cursor(conn, spec.name, batch_id, r):
+                    raise FencedError(f"batch {batch_id}: cursor of {r.topic}[{r.partition}] is no longer at {r.from_offset}: fenced")
+        else:
+            lock_pipeline(conn, spec.name)
+            for r in batch.ranges:
+                try:
+                    kind = range_kind(conn, spec.name, r)
+                except RangeRefused as exc:
+                    raise FencedError(f"batch {batch_id}: {exc}") from None
+                if kind != batch.kind:
+                    raise FencedError(f"batch {batch_id}: {r} is now a {kind}, not a {batch.kind}: fenced")
+
+        try:
+            # 3. Shut out any straggling writer of this attempt, then reconcile what the ledger recorded
+            #    with what staging holds (each staging table is unique on the coordinates).
+            if not staging_complete(conn, spec, batch.staging_table):
+                raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} is missing or not in this "
+                                     f"version's shape (dropped, staged by an earlier ledgerbatch, or before the spec's "
+                                     f"columns changed): the next run stages it again")
+            lock_staging(conn, batch.staging_table)
+            if spec.mode != "aggregate" and staged_overlap(conn, batch.staging_table):
+                raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds offsets both as rows and as bad records")
+            recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined, batch.rows_deleted,
+                              batch.records_skipped)
+            if spec.query is None:
+                staged = staged_counts(conn, batch.staging_table)
+                bad = sum(row.bad for row in staged)
+                total = sum(row.rows for row in staged)
+                deleted, skipped = staged_changes(conn, batch.staging_table) if spec.changes else (0, 0)
+                reconcile(recorded, Counts(total, total - bad - deleted - skipped, bad, deleted, skipped))
+                reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
+            else:
+                # A query's output has no record per row: what was read per range was recorded
+                # before the query (ledger/batches.py: staged_reads); staging holds its bad records and output.
+                reconcile_query(batch, staged_bad(conn, batch.staging_table),
+                                staged_rows(conn, batch.staging_table), spec.mode == "aggregate")
+            check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
+
+            # 4. Publish the staged rows through the target mode (an append target takes a big batch's
+            #    staging table as a partition) and move bad records into quarantine; a replay first
+            #    clears what earlier deliveries of its ranges quarantined.
+            mode = mode_for(spec)
+            mode.ensure_target(conn, spec)
+            mode.publish(conn, spec, batch)
+            if batch.kind != BatchKind.LIVE:
+                clear_quarantine(conn, batch_id)
+            quarantined = quarantine_staged(conn, bad_name(batch.staging_table), batch_id, spec.name)
+            if quarantined != recorded.rows_quarantined:
+                raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
+        except ReconcileError as exc:
+            exc.attempt = batch.attempt  # the attempt checked here, for commit_batch to fail
+            raise
+
+        # 5. Mark committed and drop what is left of staging.
+        mark_committed(conn, batch_id)
+        drop_staging(conn, batch.staging_table)
+        crash_point("before_commit")
+        terminate_point(conn, "before_commit")
+    crash_point("after_commit")
+    # Earlier attempts' tables may still be locked by a stalled attempt: drop them outside the commit.
+    drop_finished_staging(engine, spec.name)
+    seconds = time.monotonic() - started
+    log.info("%s batch %d committed: %d rows written, %d quarantined (commit %.2fs)",
+             batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, seconds)
+    return CommitResult(batch_id, False, recorded.rows_written, recorded.rows_quarantined, seconds)

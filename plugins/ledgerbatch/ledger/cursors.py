@@ -1,0 +1,55 @@
+"""Cursors and what Kafka said: where each partition of a pipeline stands, compare-and-set moves, end offsets, lost ranges."""
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from ledgerbatch.ledger.sql import run
+from ledgerbatch.model.batch import BatchKind, RangeRefused, classify
+from ledgerbatch.model.ranges import OffsetRange, TopicPartition, Watermarks
+
+
+def get_cursors(conn: Connection, pipeline: str) -> dict[TopicPartition, int]:
+    return {(r.topic, r.partition): r.next_offset for r in run(conn, "get_cursors", {"pipeline": pipeline})}
+
+
+def init_cursors(conn: Connection, pipeline: str, starts: dict[TopicPartition, int]) -> None:
+    for (topic, partition), offset in sorted(starts.items()):
+        run(conn, "init_cursor", {"pipeline": pipeline, "topic": topic, "partition": partition, "offset": offset})
+
+
+def advance_cursor(conn: Connection, pipeline: str, batch_id: int, r: OffsetRange) -> bool:
+    """Compare-and-set: moves the cursor from `from` to `until` only if it still stands at `from`."""
+    return run(conn, "advance_cursor", {
+        "pipeline": pipeline, "topic": r.topic, "partition": r.partition,
+        "from_offset": r.from_offset, "until_offset": r.until_offset, "batch_id": batch_id,
+    }).rowcount == 1
+
+
+def record_end_offsets(conn: Connection, pipeline: str, ends: dict[TopicPartition, Watermarks]) -> None:
+    """Keep what Kafka said at this plan: `ledger.partition_lag` and `status` read lag from it without Kafka."""
+    if ends:
+        run(conn, "record_end_offset", [
+            {"pipeline": pipeline, "topic": topic, "partition": partition, "log_start": wm.low, "end_offset": wm.high}
+            for (topic, partition), wm in sorted(ends.items())
+        ])
+
+
+def range_kind(conn: Connection, pipeline: str, r: OffsetRange) -> BatchKind:
+    """What `r` may be replayed as now (states.classify); raises RangeRefused naming the range."""
+    params = {"pipeline": pipeline, "topic": r.topic, "partition": r.partition,
+              "from_offset": r.from_offset, "until_offset": r.until_offset}
+    cursor = run(conn, "cursor_of", params).first()
+    overlap = run(conn, "delivered_overlap", params).scalar_one()
+    try:
+        return classify(overlap, r.span, r.until_offset, cursor.start_offset if cursor else None)
+    except RangeRefused as exc:
+        raise RangeRefused(f"{r}: {exc}") from None
+
+
+def record_lost_range(conn: Connection, pipeline: str, r: OffsetRange, by: str, reason: str | None) -> bool:
+    """Record offsets deleted from Kafka before delivery and move the cursor past them; false when
+    the cursor no longer stands at the range's start."""
+    params = {"pipeline": pipeline, "topic": r.topic, "partition": r.partition,
+              "from_offset": r.from_offset, "until_offset": r.until_offset}
+    run(conn, "insert_lost_range", {**params, "acknowledged_by": by, "reason": reason})
+    return run(conn, "skip_lost_cursor", params).rowcount == 1

@@ -1,0 +1,20 @@
+"""ledger.quarantine: bad records kept with their coordinates, reason and raw bytes."""
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from ledgerbatch.ledger.sql import run
+
+
+def quarantine_staged(conn: Connection, bad_table: str, batch_id: int, pipeline: str) -> int:
+    """Move an attempt's bad records into ledger.quarantine; returns how many."""
+    return run(conn, "insert_quarantine", {"batch_id": batch_id, "pipeline": pipeline}, bad=bad_table).rowcount
+
+
+def clear_quarantine(conn: Connection, batch_id: int) -> None:
+    """A replay replaces what earlier deliveries of its ranges quarantined."""
+    run(conn, "delete_quarantine_in_ranges", {"batch_id": batch_id})
+
+
+def quarantined_count(conn: Connection, pipeline: str) -> int:
+    return run(conn, "quarantined_count", {"pipeline": pipeline}).scalar_one()

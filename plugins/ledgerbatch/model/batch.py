@@ -1,0 +1,67 @@
+"""A batch as the ledger records it (`Batch`, frozen), its typed states and kinds, and the pure rule
+that says what kind of batch a range may become."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.model.ranges import OffsetRange, TopicPartition
+
+
+class BatchStatus(StrEnum):
+    PLANNED = "planned"
+    STAGED = "staged"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+class BatchKind(StrEnum):
+    LIVE = "live"
+    BACKFILL = "backfill"
+    REPLAY = "replay"
+
+
+class RangeRefused(LedgerbatchError):
+    """A range that may be neither replayed nor backfilled."""
+
+
+def classify(overlap: int, span: int, until_offset: int, start_offset: int | None) -> BatchKind:
+    """REPLAY when committed batches delivered all of the range, BACKFILL when it lies wholly before
+    the pipeline's start and nothing delivered it; anything else would duplicate or skip (pure)."""
+    if start_offset is None:
+        raise RangeRefused("the pipeline has not started on this partition: run it first")
+    if overlap == span:
+        return BatchKind.REPLAY
+    if overlap == 0 and until_offset <= start_offset:
+        return BatchKind.BACKFILL
+    raise RangeRefused(f"the range is neither fully delivered (replay) nor fully before the pipeline's start offset "
+                       f"{start_offset} (backfill); {overlap} of its {span} offsets were delivered")
+
+
+@dataclass(frozen=True)
+class Batch:
+    batch_id: int
+    pipeline: str
+    kind: BatchKind
+    status: BatchStatus
+    attempt: int
+    staging_table: str | None
+    records_read: int | None
+    rows_written: int | None
+    rows_quarantined: int | None
+    error: str | None
+    ranges: tuple[OffsetRange, ...]
+    range_counts: dict[TopicPartition, int | None]
+    records_filtered: int = 0  # good records a query transform dropped
+    groups_written: int | None = None  # aggregate targets: the groups the batch's result holds
+    output_schema: str | None = None  # query transforms: the output columns staged (Spark DDL)
+    rows_deleted: int = 0  # change pipelines: records that deleted a key
+    records_skipped: int = 0  # change pipelines: records skipped by design (tombstones)
+    range_changes: dict[TopicPartition, tuple[int | None, int | None]] | None = None  # (deleted, skipped) per range
+    spec_version: str | None = None  # the pipeline spec's version it was planned with (spec.version)
+
+    @property
+    def span(self) -> int:
+        return sum(r.span for r in self.ranges)

@@ -1,0 +1,117 @@
+"""The offset-range value object and the pure planning math (no I/O)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ledgerbatch.errors import DataLossError, LedgerbatchError
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Offsets [from_offset, until_offset) of one topic-partition. Offsets may have gaps inside."""
+
+    topic: str
+    partition: int
+    from_offset: int
+    until_offset: int
+
+    def __post_init__(self):
+        if not 0 <= self.from_offset <= self.until_offset:
+            raise ValueError(f"invalid range {self}")
+
+    @property
+    def span(self) -> int:
+        return self.until_offset - self.from_offset
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self.topic, self.partition
+
+    def to_dict(self) -> dict:
+        return {"topic": self.topic, "partition": self.partition, "from": self.from_offset, "until": self.until_offset}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OffsetRange":
+        return cls(d["topic"], int(d["partition"]), int(d["from"]), int(d["until"]))
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}] [{self.from_offset}, {self.until_offset})"
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    low: int  # first offset still in the log
+    high: int  # last stable offset + 1 (read_committed)
+
+
+def start_offsets(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int], start: str) -> dict[TopicPartition, int]:
+    """Cursor of every partition: the ledger's where it has one, else the log start or end per `start`."""
+    out = dict(cursors)  # including partitions Kafka no longer has: check_cursors refuses those
+    for tp, wm in partitions.items():
+        out.setdefault(tp, wm.low if start == "earliest" else wm.high)
+    return out
+
+
+def check_cursors(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int]) -> None:
+    """A cursor outside the log means lost data or a recreated topic: never skip it silently."""
+    for tp, pos in sorted(cursors.items()):
+        if tp not in partitions:
+            raise LedgerbatchError(f"{tp[0]}[{tp[1]}] has a cursor in the ledger but no longer exists in Kafka")
+        wm = partitions[tp]
+        if pos < wm.low:
+            raise DataLossError(
+                f"{tp[0]}[{tp[1]}]: cursor {pos} is before the log start {wm.low}: "
+                f"offsets [{pos}, {wm.low}) were deleted from Kafka before they were delivered "
+                f"(after checking, record the loss with `ledgerbatch acknowledge-loss PIPELINE --by NAME`)"
+            )
+        if pos > wm.high:
+            raise LedgerbatchError(
+                f"{tp[0]}[{tp[1]}]: cursor {pos} is past the log end {wm.high} (was the topic recreated?)"
+            )
+
+
+def split_budget(lags: dict[TopicPartition, int], budget: int) -> dict[TopicPartition, int]:
+    """Max-min fair share of `budget` offsets: small lags are served whole, the rest split evenly."""
+    alloc: dict[TopicPartition, int] = {}
+    pending = sorted((lag, tp) for tp, lag in lags.items() if lag > 0)
+    remaining = budget
+    for i, (lag, tp) in enumerate(pending):
+        take = min(lag, remaining // (len(pending) - i))
+        if take:
+            alloc[tp] = take
+        remaining -= take
+    return alloc
+
+
+def plan_ranges(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int], max_records: int) -> list[OffsetRange]:
+    """Next batch's ranges from the cursors up to the end offsets, at most `max_records` offsets in all."""
+    check_cursors(partitions, cursors)
+    lags = {tp: partitions[tp].high - pos for tp, pos in cursors.items()}
+    alloc = split_budget(lags, max_records)
+    return sorted(OffsetRange(tp[0], tp[1], cursors[tp], cursors[tp] + n) for tp, n in alloc.items())
+
+
+def range_arrays(ranges: tuple[OffsetRange, ...] | list[OffsetRange]) -> dict[str, list]:
+    """Ranges as the parallel arrays SQL unnests (:topics, :partitions, :from_offsets, :until_offsets)."""
+    return {"topics": [r.topic for r in ranges], "partitions": [r.partition for r in ranges],
+            "from_offsets": [r.from_offset for r in ranges], "until_offsets": [r.until_offset for r in ranges]}
+
+
+def covers(outer, inner) -> bool:
+    """Every range of `inner` lies inside the range of its partition in `outer`."""
+    by_tp = {r.topic_partition: r for r in outer}
+    return all(r.topic_partition in by_tp and by_tp[r.topic_partition].from_offset <= r.from_offset
+               and r.until_offset <= by_tp[r.topic_partition].until_offset for r in inner if r.span)
+
+
+def widen(requested, delivered) -> list[OffsetRange]:
+    """`requested` grown to cover each range of `delivered` (per partition: the smallest range holding
+    both). Empty delivered ranges add nothing."""
+    bounds: dict[TopicPartition, tuple[int, int]] = {r.topic_partition: (r.from_offset, r.until_offset) for r in requested}
+    for r in delivered:
+        if r.span:
+            low, high = bounds.get(r.topic_partition, (r.from_offset, r.until_offset))
+            bounds[r.topic_partition] = (min(low, r.from_offset), max(high, r.until_offset))
+    return [OffsetRange(t, p, low, high) for (t, p), (low, high) in sorted(bounds.items())]

@@ -1,0 +1,47 @@
+"""Acknowledging data loss: offsets deleted from Kafka (retention) before the pipeline delivered them.
+
+Nothing is ever skipped silently: the pipeline stops with a DataLossError until an operator runs
+`ledgerbatch acknowledge-loss`, which records each lost range (who, when, how many offsets, why) in
+`ledger.lost_ranges`, abandons the unfinished batch that can no longer be read, and moves the
+affected cursors to the log start.
+"""
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.engine import Engine
+
+from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.ledger.batches import lock_pipeline, mark_abandoned, open_live_batch_id
+from ledgerbatch.ledger.cursors import get_cursors, record_lost_range
+from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.source import kafka
+from ledgerbatch.spec.pipeline import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+
+def lost_ranges(cursors: dict, ends: dict) -> list[OffsetRange]:
+    """[cursor, log start) of every partition whose cursor fell out of the log (pure)."""
+    return [OffsetRange(t, p, pos, ends[(t, p)].low) for (t, p), pos in sorted(cursors.items())
+            if (t, p) in ends and pos < ends[(t, p)].low]
+
+
+def acknowledge_loss(engine: Engine, spec: PipelineSpec, bootstrap_servers: str, by: str, reason: str | None) -> list[OffsetRange]:
+    if not by or not by.strip():
+        raise LedgerbatchError("say who acknowledges the loss (--by NAME)")
+    ends = kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
+    with engine.begin() as conn:
+        lock_pipeline(conn, spec.name)
+        lost = lost_ranges(get_cursors(conn, spec.name), ends)
+        if not lost:
+            raise LedgerbatchError(f"{spec.name}: nothing is lost, every cursor is inside the log")
+        open_id = open_live_batch_id(conn, spec.name)
+        if open_id is not None:
+            mark_abandoned(conn, open_id, f"abandoned: offsets lost from Kafka, acknowledged by {by}")
+            log.warning("abandoned unfinished batch %d: its ranges are no longer fully in Kafka", open_id)
+        for r in lost:
+            if not record_lost_range(conn, spec.name, r, by, reason):
+                raise LedgerbatchError(f"{r}: the cursor moved meanwhile; run again")
+            log.warning("%s: %d offsets lost, acknowledged by %s", r, r.span, by)
+    return lost

@@ -1,0 +1,122 @@
+"""The loops behind `ledgerbatch run` and `ledgerbatch replay`.
+
+`run_pipeline`: plan, process, commit until caught up (or N batches). With `follow_idle_s` the loop
+never stops at caught up: it keeps its Spark session (the driver, the JVM and the Python workers stay
+warm) and plans again every `follow_idle_s` seconds until `stop` is set. Fencing is unchanged: every
+batch still goes through the ledger's attempts and cursor CAS.
+
+`run_replay`: what the backfill DAG does, in one process.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from ledgerbatch import faults
+from ledgerbatch.commit.diff import Diff, dry_run_diff
+from ledgerbatch.commit.transaction import commit_batch
+from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.faults import crash_point
+from ledgerbatch.model.batch import Batch, BatchStatus
+from ledgerbatch.ops.events import phase_event
+from ledgerbatch.plan.live import plan_next
+from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
+from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.stage.driver import warm_up
+from ledgerbatch.stage.process import process_batch
+from ledgerbatch.stage.tables import drop_finished_staging
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    batches: int = 0
+    records_read: int = 0
+    rows_written: int = 0
+    rows_quarantined: int = 0
+    seconds: float = 0.0
+    batch_ids: list[int] = field(default_factory=list)
+
+
+def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
+                 spark_factory: Callable, max_batches: int | None = None, follow_idle_s: float | None = None,
+                 stop: threading.Event | None = None) -> RunSummary:
+    summary, started, spark, idle = RunSummary(), time.monotonic(), None, False
+    stop = stop or threading.Event()
+    faults.arm()
+    drop_finished_staging(engine, spec.name)
+    if follow_idle_s is not None:  # be warm before the first batch arrives
+        spark = spark_factory()
+        log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm_up(spark))
+    while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
+        phase_started = time.monotonic()
+        batch = plan_next(engine, spec, bootstrap_servers)
+        if batch is None:
+            if not idle:
+                log.info("%s: caught up, nothing to plan%s", spec.name,
+                         f"; following, looking again every {follow_idle_s:g}s" if follow_idle_s is not None else "")
+            if follow_idle_s is None:
+                break
+            idle = True
+            stop.wait(follow_idle_s)
+            continue
+        idle = False
+        phase_event("plan", batch, time.monotonic() - phase_started)
+        crash_point("after_plan")
+        if batch.status != BatchStatus.STAGED:
+            phase_started = time.monotonic()  # the first batch's process phase includes starting Spark
+            spark = spark or spark_factory()
+            batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
+            phase_event("process", batch, time.monotonic() - phase_started)
+            crash_point("after_stage")
+        try:
+            phase_started = time.monotonic()
+            result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
+        except DBAPIError as exc:
+            if not (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))):
+                raise
+            # Whether the COMMIT landed is in the ledger: the next run reads it, never re-applies blindly.
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+            raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "
+                                   f"the ledger holds the outcome: run again to resume") from None
+        phase_event("commit", batch, time.monotonic() - phase_started, result.rows_written, result.rows_quarantined,
+                    committed_now=not result.already_committed)
+        summary.batches += 1
+        summary.batch_ids.append(batch.batch_id)
+        summary.records_read += batch.records_read
+        summary.rows_written += batch.rows_written
+        summary.rows_quarantined += batch.rows_quarantined
+        log.info("progress: %d batches, %d records read, %d rows written, %d quarantined (%s)",
+                 summary.batches, summary.records_read, summary.rows_written, summary.rows_quarantined,
+                 "already committed" if result.already_committed else f"commit {result.seconds:.2f}s")
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    batch: Batch  # as staged
+    diff: Diff | None  # a dry run's
+    committed: bool
+
+
+def run_replay(engine: Engine, spec: PipelineSpec, request: ReplayRequest, db_url: str, bootstrap_servers: str,
+               spark_factory, dry_run: bool) -> ReplayOutcome:
+    """What the backfill DAG does, in one process: plan the replay or backfill batch, stage it, then
+    commit it or (dry run) report the diff and abandon it. The live cursors never move."""
+    from ledgerbatch.commit.transaction import commit_batch
+    from ledgerbatch.stage.process import process_batch
+
+    batch = plan_replay(engine, spec, resolve_ranges(spec, bootstrap_servers, request))
+    batch = process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
+    if dry_run:
+        return ReplayOutcome(batch, dry_run_diff(engine, spec, batch.batch_id), False)
+    commit_batch(engine, spec, batch.batch_id, batch.attempt)
+    return ReplayOutcome(batch, None, True)

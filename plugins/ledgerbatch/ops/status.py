@@ -1,0 +1,112 @@
+"""`ledgerbatch status`: per pipeline and partition the cursor, end offset, lag, log start, retention
+headroom and last batch; the pipeline's last error and recent batches. As a table or as JSON."""
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+
+from ledgerbatch.errors import ConfigError
+from ledgerbatch.ledger.inspection import last_batch_error, partition_status, recent_batches
+from ledgerbatch.source import kafka
+
+NEAR_LOG_START = 0.1  # warn when the undelivered offsets sit in the oldest 10% of the retained log
+
+
+def pipeline_status(engine: Engine, pipeline: str, topics: tuple[str, ...], bootstrap_servers: str | None,
+                    kafka_options: dict | None = None, recent: int = 5) -> dict:
+    """Everything `status` shows, as plain JSON-able values. End offsets come from Kafka when it answers,
+    else from the ledger's observations at the last plan (`end_offsets_from` says which)."""
+    live, note = {}, None
+    if bootstrap_servers:
+        try:
+            live = kafka.watermarks(bootstrap_servers, topics, kafka_options)
+        except ConfigError as exc:
+            note = f"Kafka not asked: {exc}"
+    else:
+        note = "Kafka not asked: KAFKA_BOOTSTRAP_SERVERS is not set"
+    with engine.connect() as conn:
+        rows = partition_status(conn, pipeline)
+        batches = recent_batches(conn, pipeline, recent)
+        last_error = last_batch_error(conn, pipeline)
+    partitions = []
+    for r in rows:
+        wm = live.get((r.topic, r.partition))
+        log_start, end = (wm.low, wm.high) if wm else (r.log_start, r.end_offset)
+        partitions.append(_partition(r, log_start, end))
+    observed = [r.observed_at for r in rows if r.observed_at is not None]
+    known = [p["lag"] for p in partitions if p["lag"] is not None]
+    return {
+        "pipeline": pipeline,
+        "end_offsets_from": "kafka" if live else (f"last plan ({min(observed).isoformat()})" if observed else None),
+        "note": note,
+        "total_lag": sum(known) if partitions and len(known) == len(partitions) else None,
+        "partitions": partitions,
+        "last_error": dict(last_error._mapping) if last_error else None,
+        "recent_batches": [dict(b._mapping) for b in batches],
+    }
+
+
+def _partition(r, log_start: int | None, end: int | None) -> dict:
+    cursor = r.next_offset
+    lag = end - cursor if end is not None else None
+    headroom = cursor - log_start if log_start is not None else None
+    retained = end - log_start if end is not None and log_start is not None else 0
+    flag = None
+    if headroom is not None and headroom < 0:
+        flag = "LOST: cursor before the log start (see `ledgerbatch acknowledge-loss`)"
+    elif lag and retained and headroom < NEAR_LOG_START * retained:
+        flag = "WARNING: cursor near the log start: retention may delete undelivered offsets"
+    return {"topic": r.topic, "partition": r.partition, "log_start": log_start, "cursor": cursor,
+            "end_offset": end, "lag": lag, "retention_headroom": headroom,
+            "last_batch_id": r.last_batch_id, "last_batch_age_s": r.last_batch_age_s, "flag": flag}
+
+
+def render(status: dict) -> str:
+    """The human-readable table of one pipeline's status."""
+    source = status["end_offsets_from"] or "unknown"
+    lines = [f"pipeline {status['pipeline']}  (end offsets from {source})"]
+    if status["note"]:
+        lines.append(f"  ({status['note']})")
+    header = ("partition", "log start", "cursor", "end", "lag", "headroom", "last batch", "age")
+    table = [header]
+    for p in status["partitions"]:
+        table.append((f"{p['topic']}[{p['partition']}]", _n(p["log_start"]), _n(p["cursor"]), _n(p["end_offset"]),
+                      _n(p["lag"]), _n(p["retention_headroom"]),
+                      f"#{p['last_batch_id']}" if p["last_batch_id"] else "-", _age(p["last_batch_age_s"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    flags = [None] + [p["flag"] for p in status["partitions"]]
+    for row, flag in zip(table, flags):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  " + "  ".join(cells) + (f"  {flag}" if flag else ""))
+    if not status["partitions"]:
+        lines.append("  (no cursors yet: the pipeline has not run)")
+    lines.append(f"  total lag: {_n(status['total_lag'])}")
+    err = status["last_error"]
+    lines.append(f"  last error: batch #{err['batch_id']} ({err['kind']}, {err['status']}, {_age(err['age_s'])} ago): "
+                 f"{err['error']}" if err else "  last error: none")
+    lines.append("  recent batches:")
+    for b in status["recent_batches"]:
+        phases = "".join(f", {label} {b[key]:.1f}s" for label, key in
+                         (("planned->staged", "planned_to_staged_s"), ("staged->committed", "staged_to_committed_s"))
+                         if b[key] is not None)
+        more = "".join(f" {label}={_n(b[key])}" for label, key in
+                       (("deleted", "rows_deleted"), ("skipped", "records_skipped"), ("filtered", "records_filtered"))
+                       if b.get(key))  # change pipelines and query transforms only
+        lines.append(f"    #{b['batch_id']} {b['kind']} {b['status']} attempt={b['attempt']} read={_n(b['records_read'])} "
+                     f"written={_n(b['rows_written'])}{more} quarantined={_n(b['rows_quarantined'])} "
+                     f"({_age(b['age_s'])} ago{phases})")
+    if not status["recent_batches"]:
+        lines.append("    (none)")
+    return "\n".join(lines)
+
+
+def _n(value) -> str:
+    return "?" if value is None else str(value)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"

@@ -1,0 +1,51 @@
+"""Planning: the next batch's ranges from the ledger's cursors and Kafka's read_committed end offsets.
+
+An unfinished batch is always resumed with its same ranges, never re-planned.
+"""
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.engine import Engine
+
+from ledgerbatch.ledger.batches import get_batch, insert_batch, lock_pipeline, open_live_batch_id, pin_spec_version
+from ledgerbatch.ledger.cursors import get_cursors, init_cursors, record_end_offsets
+from ledgerbatch.model.batch import Batch, BatchKind
+from ledgerbatch.model.ranges import TopicPartition, Watermarks, plan_ranges, start_offsets
+from ledgerbatch.source import kafka
+from ledgerbatch.spec.pipeline import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+
+def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Batch | None:
+    """The unfinished batch if there is one, else a new batch up to the end offsets, else None."""
+    with engine.connect() as conn:
+        open_id = open_live_batch_id(conn, spec.name)
+        if open_id is not None:
+            batch = get_batch(conn, open_id)
+            log.info("resuming batch %d (%s, attempt %d) with its planned ranges", open_id, batch.status, batch.attempt)
+            return batch
+    ends = kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
+    return plan_from(engine, spec, ends)
+
+
+def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Watermarks]) -> Batch | None:
+    with engine.begin() as conn:
+        lock_pipeline(conn, spec.name)
+        record_end_offsets(conn, spec.name, ends)
+        open_id = open_live_batch_id(conn, spec.name)
+        if open_id is not None:  # another planner got here first
+            return get_batch(conn, open_id)
+        cursors = get_cursors(conn, spec.name)
+        # A new pipeline starts where the spec says; partitions added later start at their log start.
+        starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest")
+        ranges = plan_ranges(ends, starts, spec.max_records)
+        init_cursors(conn, spec.name, {tp: o for tp, o in starts.items() if tp not in cursors})
+        if not ranges:
+            return None
+        batch_id = insert_batch(conn, spec.name, BatchKind.LIVE, ranges)
+        pin_spec_version(conn, batch_id, spec.name, spec.version, spec.canonical)
+        batch = get_batch(conn, batch_id)
+    log.info("planned batch %d: %d offsets in %d ranges", batch_id, batch.span, len(ranges))
+    return batch

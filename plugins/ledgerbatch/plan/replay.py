@@ -1,0 +1,164 @@
+"""Planning a backfill or replay: explicit ranges re-read without ever moving the live cursors.
+
+A range that committed batches already delivered is a *replay*: its target rows (and quarantined
+records) are replaced in one transaction. A range entirely before the pipeline's start offset that
+nothing delivered yet is a *backfill*. Anything else (offsets the live pipeline has not reached) is
+refused: delivering it outside the cursors would duplicate it later. The diff of a staged replay is
+commit/diff.py; running one end to end, ops/run.py.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from sqlalchemy.engine import Engine
+
+from ledgerbatch.errors import ConfigError, LedgerbatchError
+from ledgerbatch.ledger.batches import delivering_batches, get_batch, insert_batch, lock_pipeline
+from ledgerbatch.ledger.cursors import range_kind
+from ledgerbatch.model.batch import Batch
+from ledgerbatch.model.ranges import OffsetRange, widen
+from ledgerbatch.source import kafka
+from ledgerbatch.spec.pipeline import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    topic: str
+    partitions: tuple[int, ...] | None  # None: every partition of the topic
+    from_offset: int | None = None
+    until_offset: int | None = None
+    from_time_ms: int | None = None  # resolved to offsets by the broker, where it supports it
+    until_time_ms: int | None = None
+
+    def __post_init__(self):
+        by_offset = self.from_offset is not None or self.until_offset is not None
+        by_time = self.from_time_ms is not None or self.until_time_ms is not None
+        if by_offset == by_time:
+            raise LedgerbatchError("give either from/until offsets or a from/until time window, not both or neither")
+        if by_offset and (self.from_offset is None or self.until_offset is None or not 0 <= self.from_offset < self.until_offset):
+            raise LedgerbatchError(f"offsets must satisfy 0 <= from < until, got [{self.from_offset}, {self.until_offset})")
+        if by_time and (self.from_time_ms is None or self.until_time_ms is None or self.from_time_ms >= self.until_time_ms):
+            raise LedgerbatchError("the time window needs from < until")
+
+
+def resolve_ranges(spec: PipelineSpec, bootstrap_servers: str, request: ReplayRequest) -> list[OffsetRange]:
+    if request.topic not in spec.topics:
+        raise LedgerbatchError(f"topic {request.topic!r} is not a source of pipeline {spec.name} ({', '.join(spec.topics)})")
+    ends = kafka.watermarks(bootstrap_servers, (request.topic,), dict(spec.kafka_options))
+    partitions = request.partitions if request.partitions is not None else tuple(p for _, p in sorted(ends))
+    unknown = sorted(set(partitions) - {p for _, p in ends})
+    if unknown:
+        raise LedgerbatchError(f"topic {request.topic} has no partition(s) {unknown}")
+    if request.from_offset is not None:
+        bounds = {p: (request.from_offset, request.until_offset) for p in partitions}
+    else:
+        bounds = _offsets_for_times(spec, bootstrap_servers, request, partitions, ends)
+    out = []
+    for p in partitions:
+        low, high = ends[(request.topic, p)].low, ends[(request.topic, p)].high
+        start, until = bounds[p]
+        if until > high:
+            raise LedgerbatchError(f"{request.topic}[{p}]: until {until} is past the log end {high}")
+        if start < low:
+            raise LedgerbatchError(f"{request.topic}[{p}]: offsets before {low} are no longer in Kafka (asked from {start})")
+        if start < until:
+            out.append(OffsetRange(request.topic, p, start, until))
+    if not out:
+        raise LedgerbatchError("the requested window holds no offsets")
+    return out
+
+
+def _offsets_for_times(spec, bootstrap_servers, request, partitions, ends) -> dict[int, tuple[int, int]]:
+    consumer = Consumer(kafka.consumer_config(bootstrap_servers, dict(spec.kafka_options)))
+    try:
+        out = {}
+        for bound in ("from", "until"):
+            ms = request.from_time_ms if bound == "from" else request.until_time_ms
+            found = consumer.offsets_for_times([TopicPartition(request.topic, p, ms) for p in partitions], timeout=15)
+            for tp in found:
+                if tp.error is not None:
+                    raise ConfigError(f"the broker cannot resolve timestamps to offsets: {tp.error.str()}; give offsets instead")
+                # -1: no record at or after the time, so the window ends at the log end.
+                offset = ends[(request.topic, tp.partition)].high if tp.offset == -1 else tp.offset
+                out.setdefault(tp.partition, [0, 0])[0 if bound == "from" else 1] = offset
+        if all(lo == hi == ends[(request.topic, p)].high for p, (lo, hi) in out.items()):
+            raise ConfigError("the broker resolved no offsets for that time window (it may not support timestamp "
+                              "look-ups, as the dev broker does not); give offsets instead")
+        return {p: (lo, hi) for p, (lo, hi) in out.items()}
+    except KafkaException as exc:
+        raise ConfigError(f"offset look-up by time failed: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()
+
+
+def plan_replay(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -> Batch:
+    """Record a replay or backfill batch of `ranges` (all of one kind)."""
+    with engine.begin() as conn:
+        lock_pipeline(conn, spec.name)
+        if spec.mode == "aggregate":
+            ranges = _whole_batches(conn, spec, ranges)
+        kinds = {r: range_kind(conn, spec.name, r) for r in ranges}
+        if len(set(kinds.values())) != 1:
+            raise LedgerbatchError("the ranges mix replay and backfill: request them separately "
+                                   + "; ".join(f"{r}: {k}" for r, k in kinds.items()))
+        kind = next(iter(kinds.values()))
+        batch_id = insert_batch(conn, spec.name, kind, ranges)
+        batch = get_batch(conn, batch_id)
+    log.info("planned %s batch %d: %s", kind, batch_id, ", ".join(map(str, ranges)))
+    return batch
+
+
+def _whole_batches(conn, spec: PipelineSpec, ranges: list[OffsetRange]) -> list[OffsetRange]:
+    """An aggregate replay re-delivers whole batches (commit/modes/aggregate.py takes out a batch's contribution
+    as a whole): the ranges grow until they hold every batch that delivered any of their offsets."""
+    while True:
+        delivering = delivering_batches(conn, spec.name, ranges)
+        wider = widen(ranges, [r for batch in delivering.values() for r in batch])
+        if wider == ranges:
+            return ranges
+        log.info("aggregate replay: widened to whole batches %s: %s", sorted(delivering), ", ".join(map(str, wider)))
+        ranges = wider
+
+
+
+
+
+
+
+
+
+
+def request_from_params(spec: PipelineSpec, params: dict) -> ReplayRequest:
+    """The backfill DAG's Params form as a request (empty topic: the pipeline's only topic)."""
+    topic = params.get("topic") or (spec.topics[0] if len(spec.topics) == 1 else None)
+    if topic is None:
+        raise LedgerbatchError(f"pipeline {spec.name} reads several topics: choose one ({', '.join(spec.topics)})")
+    partitions = params.get("partitions") or None
+    return ReplayRequest(
+        topic=topic,
+        partitions=tuple(int(p) for p in partitions) if partitions else None,
+        from_offset=params.get("from_offset"),
+        until_offset=params.get("until_offset"),
+        from_time_ms=_epoch_ms(params.get("from_time")),
+        until_time_ms=_epoch_ms(params.get("until_time")),
+    )
+
+
+def _epoch_ms(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        ts = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise LedgerbatchError(f"{value!r} is not an ISO-8601 time") from None
+    ts = ts.replace(tzinfo=dt.timezone.utc) if ts.tzinfo is None else ts
+    return int(ts.timestamp() * 1000)
+
+
+
+

@@ -1,0 +1,44 @@
+"""Kafka metadata through the ordinary confluent-kafka client: partitions and read_committed end offsets."""
+from __future__ import annotations
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from ledgerbatch.errors import ConfigError
+from ledgerbatch.model.ranges import TopicPartition as TP
+from ledgerbatch.model.ranges import Watermarks
+
+METADATA_TIMEOUT_S = 15.0
+SAFETY = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "isolation.level": "read_committed",
+    "auto.offset.reset": "error",  # a range that left the log fails loudly instead of skipping
+}
+
+
+def consumer_config(bootstrap_servers: str, options: dict[str, str] | None = None) -> dict:
+    """Settings of every ledgerbatch consumer: explicit offsets only, never a committed group offset."""
+    conf = {"bootstrap.servers": bootstrap_servers, "group.id": "ledgerbatch", "log_level": 3}
+    conf.update(options or {})
+    conf.update(SAFETY)  # never overridable: they are what makes the ranges exact
+    return conf
+
+
+def watermarks(bootstrap_servers: str, topics: tuple[str, ...], options: dict[str, str] | None = None) -> dict[TP, Watermarks]:
+    """Log start and last stable offset (read_committed end) of every partition of `topics`."""
+    consumer = Consumer(consumer_config(bootstrap_servers, options))
+    try:
+        out = {}
+        for topic in topics:
+            metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+            if metadata is None or metadata.error is not None or not metadata.partitions:
+                reason = metadata.error.str() if metadata is not None and metadata.error else "no partitions"
+                raise ConfigError(f"topic {topic!r} is not available on {bootstrap_servers}: {reason}")
+            for p in sorted(metadata.partitions):
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S, cached=False)
+                out[(topic, p)] = Watermarks(low, high)
+        return out
+    except KafkaException as exc:
+        raise ConfigError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()

@@ -1,0 +1,61 @@
+"""The SparkSession every ledgerbatch job uses, with the package shipped to executors and sources
+registered (package.py).
+
+Two kinds: a classic session (`get_spark(master)`, its own driver JVM, what spark-submit and `ledgerbatch run`
+start) and a Spark Connect session (`get_spark(remote="sc://host:15002")`, a client of a long-lived Connect
+server, so Spark stays warm between runs; connect.py). Both stage batches the same way; what ran on the
+driver's SparkContext has a Connect form (stage/driver.py's `default_parallelism`, the package as a session
+artifact).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ledgerbatch.spark.package import package_zip, register_sources
+
+
+def is_connect(spark) -> bool:
+    """Whether `spark` is a Spark Connect session (no SparkContext, no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def get_spark(master: str | None = None, app_name: str = "ledgerbatch", remote: str | None = None):
+    """`remote` (`sc://host:port`): a session on that Spark Connect server. Else a classic session, where
+    `master` None keeps what spark-submit or the environment chose."""
+    if remote:
+        from ledgerbatch.spark.connect import connect_session
+
+        return connect_session(remote, app_name)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    venv_first_on_path()
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.worker.reuse", "true")
+    )
+    if master:
+        builder = builder.master(master)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("LEDGERBATCH_SPARK_LOG_LEVEL", "WARN"))
+    if not spark.conf.get("spark.master", "").startswith("local"):
+        spark.sparkContext.addPyFile(package_zip())
+    register_sources(spark)
+    return spark
+
+
+
+
+
+
+
+
+def venv_first_on_path() -> None:
+    # pip's spark-submit finds SPARK_HOME through the python on PATH: the venv's must come first.
+    bindir = str(Path(sys.executable).parent)
+    if not os.environ.get("PATH", "").startswith(bindir + os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")

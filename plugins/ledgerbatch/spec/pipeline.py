@@ -1,0 +1,318 @@
+"""Pipeline specs: `pipelines/NAME.yaml`, loaded and validated into one immutable value."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from ledgerbatch.errors import SpecError, SpecVersionError
+from ledgerbatch.formats.decoders.catalog import CHANGE_FORMATS, DEBEZIUM_AVRO, FORMATS, REGISTRY_FORMATS
+from ledgerbatch.formats.decoders.confluent_wire import CLIENT_OPTIONS
+from ledgerbatch.formats.schema import METADATA, Column, parse_schema
+from ledgerbatch.identifiers import check_ident, qualified
+
+ON_NEW_DATA = "on_new_data"
+_TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
+_SECTION_KEYS = {
+    "source": {"topics", "format", "converter", "schema", "start", "kafka", "metadata", "schema_registry"},
+    "target": {"table", "mode", "key", "evolve", "measures", "deletes"},
+    "batch": {"max_records"},
+    "errors": {"policy", "max_ratio"},
+}
+CONVERTERS = ("json", "avro")  # format debezium: Kafka Connect's JsonConverter (default) or Confluent's AvroConverter
+MERGES = ("sum", "min", "max")  # how an aggregate batch's value merges into the target's (commit/modes/aggregate.py)
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    name: str
+    topics: tuple[str, ...]
+    columns: tuple[Column, ...]
+    target_schema: str
+    target_table: str
+    mode: str = "append"
+    key: tuple[str, ...] = ()
+    start: str = "earliest"
+    max_records: int = 100_000
+    error_policy: str = "quarantine"
+    max_error_ratio: float = 0.05
+    schedule: str | None = None  # cron, an Airflow preset, or ON_NEW_DATA
+    kafka_options: tuple[tuple[str, str], ...] = ()
+    transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
+    query: str | None = None  # or one Spark SQL query over the view `batch` (stage/transform.py)
+    measures: tuple[tuple[str, str], ...] = ()  # mode aggregate: (column, sum | min | max)
+    format: str = "json"  # a decoder of decoders.DECODERS (debezium_avro: format debezium with converter avro)
+    format_options: tuple[tuple[str, str], ...] = ()  # the decoder's settings
+    metadata: tuple[str, ...] = ()  # Kafka metadata as columns: key, timestamp, headers (schema.METADATA)
+    evolve: str = "none"  # none | additive: columns new to the spec are added to the target at commit
+    deletes: bool = False  # upsert: a tombstone with a key deletes the key's row (always so for format debezium)
+    text: str = ""  # the spec's canonical text (its YAML document as sorted JSON): what `version` hashes
+
+    @property
+    def canonical(self) -> str:
+        """The text `version` hashes: the spec's canonical text (its fields, for a spec built in code)."""
+        return self.text or repr(replace(self, kafka_options=()))
+
+    @property
+    def version(self) -> str:
+        """The spec's version: a hash of its canonical text. Deployment settings merged in later
+        (with_kafka_options) and columns read from a schema registry are not part of it."""
+        return hashlib.sha256(self.canonical.encode()).hexdigest()[:16]
+
+    @property
+    def changes(self) -> bool:
+        """Every record is a change that upserts, deletes or does nothing (decoders.ChangeDecoder)."""
+        return self.deletes or self.format in CHANGE_FORMATS
+
+    @property
+    def event_driven(self) -> bool:
+        """`schedule: on_new_data`: the DAG runs when its topics hold offsets the ledger has not delivered."""
+        return self.schedule == ON_NEW_DATA
+
+    @property
+    def stored_columns(self) -> tuple[Column, ...]:
+        """The target's columns before lineage: the schema's, then the metadata asked for."""
+        return self.columns + tuple(METADATA[m] for m in self.metadata)
+
+
+def load_spec(pipelines_dir: Path, name: str) -> PipelineSpec:
+    path = Path(pipelines_dir) / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in Path(pipelines_dir).glob("*.yaml"))) or "none"
+        raise SpecError(f"pipeline {name!r} not found: no {path} (pipelines there: {known})")
+    spec = parse_spec_file(path)
+    if spec.name != name:
+        raise SpecError(f"{path}: name {spec.name!r} does not match the file name {name!r}")
+    return spec
+
+
+def list_specs(pipelines_dir: Path) -> list[PipelineSpec]:
+    return [parse_spec_file(p) for p in sorted(Path(pipelines_dir).glob("*.yaml"))]
+
+
+def parse_spec_file(path: Path) -> PipelineSpec:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    try:
+        return parse_spec(doc)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+
+
+def parse_spec(doc: object) -> PipelineSpec:
+    top = _mapping(doc, "the spec", _TOP_KEYS)
+    source = _mapping(_required(top, "source", "spec"), "source", _SECTION_KEYS["source"])
+    target = _mapping(_required(top, "target", "spec"), "target", _SECTION_KEYS["target"])
+    batch = _mapping(top.get("batch", {}), "batch", _SECTION_KEYS["batch"])
+    errors = _mapping(top.get("errors", {}), "errors", _SECTION_KEYS["errors"])
+
+    name = _required(top, "name", "spec")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise SpecError(f"name {name!r} must be lowercase letters, digits and _ (starting with a letter)")
+
+    topics = _required(source, "topics", "source")
+    if isinstance(topics, str):
+        topics = [topics]
+    if not isinstance(topics, list) or not topics:
+        raise SpecError("source.topics must be a non-empty list of topic names")
+    for t in topics:
+        if not isinstance(t, str) or not _TOPIC.match(t):
+            raise SpecError(f"source.topics: {t!r} is not a valid Kafka topic name")
+    if len(set(topics)) != len(topics):
+        raise SpecError("source.topics lists a topic twice")
+
+    fmt = source.get("format", "json")
+    if fmt not in FORMATS:
+        raise SpecError(f"source.format {fmt!r} is not supported (supported: {', '.join(FORMATS)})")
+    registry = _mapping(source.get("schema_registry", {}), "source.schema_registry", set(CLIENT_OPTIONS))
+    if "converter" in source:
+        if fmt != "debezium":
+            raise SpecError(f"source.converter is only used with source.format debezium (where it is one of "
+                            f"{', '.join(CONVERTERS)}); source.format is {fmt}")
+        # An explicit opt-in, never inferred from `schema_registry`: `format: debezium` with
+        # `schema_registry: {}` was JSON before this key existed, and a spec valid then means the same now.
+        if _choice(source["converter"], "source.converter", CONVERTERS) == "avro":
+            fmt = DEBEZIUM_AVRO  # envelopes in the registry's wire format
+    if fmt in REGISTRY_FORMATS:
+        # Without `schema:` the columns come from the registry (registry.resolve_columns).
+        columns = parse_schema(source["schema"]) if source.get("schema") is not None else ()
+    else:
+        if registry:
+            raise SpecError("source.schema_registry is only used by the registry formats (avro, protobuf, json_schema) "
+                            "and by debezium with converter avro")
+        columns = parse_schema(_required(source, "schema", "source"))
+    start = _choice(source.get("start", "earliest"), "source.start", ("earliest", "latest"))
+    metadata = source.get("metadata", [])
+    if not isinstance(metadata, list) or any(m not in METADATA for m in metadata) or len(set(metadata)) != len(metadata):
+        raise SpecError(f"source.metadata must be a list of distinct items from {', '.join(METADATA)}, got {metadata!r}")
+    kafka_options = _mapping(source.get("kafka", {}), "source.kafka", None)
+
+    target_schema, target_table = qualified(_required(target, "table", "target"), "target.table")
+    if target_schema in ("ledger", "ledger_staging", "ledger_aggregates", "ledger_deletes"):  # ledgerbatch creates and drops tables there
+        raise SpecError(f"target.table: schema {target_schema!r} belongs to ledgerbatch; choose another")
+    mode = _choice(target.get("mode", "append"), "target.mode", ("append", "upsert", "aggregate"))
+    query, transform = _transform(top.get("transform"))
+    key = target.get("key", [])
+    if isinstance(key, str):
+        key = [key]
+    if not isinstance(key, list):
+        raise SpecError("target.key must be a list of column names")
+    for k in key:
+        check_ident(k, "target.key column")
+    if columns and query is None:  # a query's key columns are checked against its output (stage/transform.py)
+        check_columns(columns, key, transform)
+    if mode in ("upsert", "aggregate") and not key:
+        raise SpecError(f"target.mode {mode} needs target.key (the columns that identify a row)")
+    if mode == "append" and key:
+        raise SpecError("target.key is only used with target.mode upsert or aggregate")
+    measures = _measures(target.get("measures"), mode, query, key)
+    deletes = target.get("deletes", False)
+    if not isinstance(deletes, bool):
+        raise SpecError(f"target.deletes must be true or false, got {deletes!r}")
+    if (deletes or fmt in CHANGE_FORMATS) and mode != "upsert":
+        why = "source.format debezium" if fmt in CHANGE_FORMATS else "target.deletes"
+        raise SpecError(f"{why} needs target.mode upsert with target.key (deletes remove the row of a key)")
+    if (deletes or fmt in CHANGE_FORMATS) and query is not None:
+        raise SpecError("transform: a query cannot see deletes; with source.format debezium or target.deletes "
+                        "use per-column expressions (a mapping)")
+
+    max_records = batch.get("max_records", 100_000)
+    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
+        raise SpecError(f"batch.max_records must be a positive integer, got {max_records!r}")
+    policy = _choice(errors.get("policy", "quarantine"), "errors.policy", ("quarantine", "fail"))
+    ratio = errors.get("max_ratio", 0.05)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+        raise SpecError(f"errors.max_ratio must be a number between 0 and 1, got {ratio!r}")
+    evolve = _choice(target.get("evolve", "additive" if fmt in REGISTRY_FORMATS else "none"), "target.evolve",
+                     ("none", "additive"))
+    schedule = top.get("schedule")
+    if schedule is not None and not isinstance(schedule, str):
+        raise SpecError("schedule must be a cron expression or an Airflow preset such as '@hourly'")
+
+    return PipelineSpec(
+        name=name,
+        topics=tuple(topics),
+        columns=columns,
+        target_schema=target_schema,
+        target_table=target_table,
+        mode=mode,
+        key=tuple(key),
+        start=start,
+        max_records=max_records,
+        error_policy=policy,
+        max_error_ratio=float(ratio),
+        schedule=schedule,
+        kafka_options=tuple(sorted((str(k), str(v)) for k, v in kafka_options.items())),
+        transform=tuple(transform.items()),
+        query=query,
+        measures=measures,
+        format=fmt,
+        format_options=tuple(sorted((str(k), str(v)) for k, v in registry.items())),
+        metadata=tuple(m for m in METADATA if m in metadata),
+        evolve=evolve,
+        deletes=deletes,
+        text=canonical_text(doc),
+    )
+
+
+def canonical_text(doc: dict) -> str:
+    """The spec document as JSON with sorted keys: the same spec gives the same text whatever its YAML
+    layout, comments or key order."""
+    return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False, default=str)
+
+
+def check_version(spec: PipelineSpec, batch_id: int, planned: str | None) -> None:
+    """A batch runs with the spec version it was planned with, or not at all."""
+    if planned is not None and planned != spec.version:
+        raise SpecVersionError(
+            f"batch {batch_id} of pipeline {spec.name} was planned with spec version {planned}, but the spec is now "
+            f"version {spec.version}: a batch never mixes two versions. Restore the spec of version {planned} (its "
+            f"text: SELECT spec_text FROM ledger.spec_versions WHERE pipeline = '{spec.name}' AND version = "
+            f"'{planned}') and run again to finish the batch; the new spec then applies from the next batch. Or, "
+            f"where the batch cannot finish under its version (e.g. its target change was refused), abandon it: "
+            f"`ledgerbatch abandon {spec.name} {batch_id} --by NAME --reason 'spec changed'`; the next run plans "
+            f"its offsets again under the new spec. Nothing of the batch is committed")
+
+
+def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str], transform) -> None:
+    """What the spec says of its columns must name columns of the schema."""
+    names = {c.name for c in columns}
+    for k in key:
+        if k not in names:
+            raise SpecError(f"target.key column {k!r} is not in source.schema")
+    for column, _ in (transform.items() if isinstance(transform, dict) else transform):
+        if column not in names:
+            raise SpecError(f"transform: {column!r} is not a column of source.schema")
+
+
+def _transform(value: object) -> tuple[str | None, dict]:
+    """`transform:` is one Spark SQL query over the view `batch` (a string) or per-column expressions."""
+    if value is None:
+        return None, {}
+    if isinstance(value, str):
+        if not re.search(r"\bbatch\b", value, re.I):
+            raise SpecError("transform: the query must read the view `batch` (the batch's parsed records), "
+                            "e.g. SELECT *, amount * 100 AS cents FROM batch")
+        return value.strip().rstrip(";"), {}
+    transform = _mapping(value, "transform", None)
+    for column, expression in transform.items():
+        if not isinstance(expression, str) or not expression.strip():
+            raise SpecError(f"transform.{column} must be a Spark SQL expression string")
+    return None, transform
+
+
+def _measures(value: object, mode: str, query: str | None, key: list) -> tuple[tuple[str, str], ...]:
+    """mode aggregate: how each non-key output column of the query merges into the target."""
+    if mode != "aggregate":
+        if value is not None:
+            raise SpecError("target.measures is only used with target.mode aggregate")
+        return ()
+    if query is None:
+        raise SpecError("target.mode aggregate needs transform: a Spark SQL query over `batch` that groups by "
+                        "target.key, e.g. SELECT customer, count(*) AS orders FROM batch GROUP BY customer")
+    measures = _mapping(value if value is not None else {}, "target.measures", None)
+    if not measures:
+        raise SpecError("target.mode aggregate needs target.measures: {column: sum | min | max, ...}")
+    for column, how in measures.items():
+        check_ident(str(column), "target.measures column")
+        if how not in MERGES:
+            raise SpecError(f"target.measures.{column} must be one of {', '.join(MERGES)}, got {how!r}")
+        if column in key:
+            raise SpecError(f"target.measures.{column}: a key column cannot be a measure")
+    return tuple((str(c), h) for c, h in measures.items())
+
+
+def with_kafka_options(spec: PipelineSpec, options: dict[str, str]) -> PipelineSpec:
+    """The spec with deployment-wide consumer settings (security, ...) under its own."""
+    merged = {**{str(k): str(v) for k, v in options.items()}, **dict(spec.kafka_options)}
+    return replace(spec, kafka_options=tuple(sorted(merged.items())))
+
+
+def _mapping(value: object, what: str, allowed: set[str] | None) -> dict:
+    if not isinstance(value, dict):
+        raise SpecError(f"{what} must be a mapping")
+    if allowed is not None:
+        unknown = sorted(set(map(str, value)) - allowed)
+        if unknown:
+            raise SpecError(f"{what}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
+    return value
+
+
+def _required(section: dict, key: str, what: str):
+    if key not in section or section[key] is None:
+        raise SpecError(f"{what}: missing required key {key!r}")
+    return section[key]
+
+
+def _choice(value: object, what: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise SpecError(f"{what} must be one of {', '.join(options)}, got {value!r}")
+    return value

@@ -1,0 +1,62 @@
+"""One attempt's staging as every task sees it: the job (pickled to executors) and the table it stages into."""
+from __future__ import annotations
+
+import base64
+import pickle
+from dataclasses import dataclass
+
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from ledgerbatch.formats.schema import COORDINATE_NAMES, Column
+from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.model.statements import StagedMarkStatements, StagingStatements
+
+COUNTS = StructType([
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("rows", LongType(), False),
+    StructField("bad", LongType(), False),
+    StructField("deleted", LongType(), False),  # change pipelines: deletes and skipped records among the rows
+    StructField("skipped", LongType(), False),
+])
+
+
+BAD_COLUMNS = COORDINATE_NAMES + ("_error", "_key", "_value")
+
+
+@dataclass(frozen=True)
+class StagingTable:
+    """Where a task stages: the ledger database, the attempt's staging table and its statements, the
+    spec's column names and the batch id every good row carries."""
+    dsn: str
+    name: str
+    statements: StagingStatements
+    columns: tuple[str, ...]
+    batch_id: int
+
+
+@dataclass(frozen=True)
+class StagingJob:
+    """One attempt's staging, as every task and the sink's commit see it (pickled to executors)."""
+    batch_id: int
+    attempt: int
+    ranges: tuple[OffsetRange, ...]
+    kafka: dict
+    stall_timeout_s: float
+    columns: tuple[Column, ...]
+    required: tuple[str, ...]  # key columns: a record without them is bad
+    fmt: str
+    format_options: dict
+    metadata: tuple[str, ...]  # Kafka metadata columns (spec.metadata)
+    table: StagingTable
+    mark: StagedMarkStatements
+    output: tuple[str, ...] = ()  # query pipelines: the output columns, in the COPY's order
+    aggregate: bool = False  # the output is groups, not rows of records
+    changes: bool = False  # every record is a change (spec.changes): rows carry parse.CHANGE
+
+    def encode(self) -> str:
+        return base64.b64encode(pickle.dumps(self)).decode()
+
+    @staticmethod
+    def decode(text: str) -> "StagingJob":
+        return pickle.loads(base64.b64decode(text))

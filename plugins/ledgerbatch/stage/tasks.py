@@ -1,0 +1,179 @@
+"""Staging, executor side: what Spark tasks run to put a batch's parsed rows into its staging tables.
+
+Good rows go to `bN_aM` in the target's shape (an append commit attaches that table as the batch's
+partition), bad records to `bN_aM_bad`. Each range is staged in one transaction that first deletes
+what an earlier try of it left, so a retried task never duplicates.
+
+Two ways in: `stage_ranges` reads, decodes, parses and stages whole ranges inside one Python task
+(no round trip through the JVM); `StagingSink` stages a DataFrame, for pipelines whose transform is
+Spark SQL (sink.py). A query transform (transform.py) may drop, multiply or group records, so its pipelines
+stage each range's bad records and read counts before the query (`stage_bad_records`) and the
+query's output after it. The driver side (driver.py) starts them and records the counts.
+"""
+from __future__ import annotations
+
+import io
+import itertools
+from typing import Iterator
+
+from ledgerbatch.formats.schema import COORDINATE_NAMES
+from ledgerbatch.model.statements import StagingStatements
+from ledgerbatch.stage.job import BAD_COLUMNS, COUNTS, StagingJob, StagingTable
+
+
+def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, int, int, int] | None:
+    """COPY the parsed Arrow batches of ONE range; returns (topic, partition, rows, bad, deleted, skipped),
+    None if empty. Rows count every record; deleted and skipped ones only in change pipelines."""
+    import psycopg2
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    batches = (b for b in batches if b.num_rows)
+    first = next(batches, None)
+    if first is None:  # an immutable log gives a retry the same records: nothing to replace
+        return None
+    topic, partition = first.column("_topic")[0].as_py(), first.column("_partition")[0].as_py()
+    rows = bad = deleted = skipped = 0
+    good_columns = list(table.columns) + list(COORDINATE_NAMES)
+    sql = table.statements
+    conn = psycopg2.connect(table.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            # A retried task replaces what an earlier try of it left behind, in the same transaction;
+            # the lock keeps two concurrent tries of one task (speculation, a zombie) in turn.
+            cur.execute(sql.lock, {"lock": f"{table.name}|{topic}|{partition}"})
+            cur.execute(sql.delete, {"topic": topic, "partition": partition})
+            for batch in itertools.chain([first], batches):
+                if batch.column("_partition")[0].as_py() != partition or batch.column("_topic")[0].as_py() != topic:
+                    raise RuntimeError(f"staging task got rows of two partitions: {topic}[{partition}] and more")
+                rows += batch.num_rows
+                batch, nbad = _stage_bad(cur, sql, batch)
+                bad += nbad
+                if batch.num_rows:
+                    if "_change" in batch.schema.names:
+                        changes = batch.column("_change")
+                        deleted += pc.sum(pc.equal(changes, "d")).as_py() or 0
+                        skipped += pc.sum(pc.equal(changes, "s")).as_py() or 0
+                    batch_ids = pa.repeat(pa.scalar(table.batch_id, pa.int64()), batch.num_rows)
+                    _copy(cur, sql.copy, [batch.column(n) for n in good_columns] + [batch_ids])
+    finally:
+        conn.close()
+    return topic, partition, rows, bad, deleted, skipped
+
+
+def _stage_bad(cur, sql: StagingStatements, batch):
+    """COPY a parsed batch's bad records to the attempt's bad table; returns the good rows and the bad count."""
+    import pyarrow.compute as pc
+
+    errors = batch.column("_error")
+    if errors.null_count == batch.num_rows:
+        return batch, 0
+    is_bad = pc.is_valid(errors)
+    bad_rows = batch.filter(is_bad)
+    _copy(cur, sql.copy_bad, [bad_rows.column(n) for n in BAD_COLUMNS])
+    return batch.filter(pc.invert(is_bad)), bad_rows.num_rows
+
+
+def _copy(cur, sql: str, arrays: list) -> None:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    sink = io.BytesIO()
+    table = pa.Table.from_arrays([_csv_ready(a) for a in arrays], names=[str(i) for i in range(len(arrays))])
+    pcsv.write_csv(table, sink, pcsv.WriteOptions(include_header=False))
+    sink.seek(0)
+    cur.copy_expert(sql, sink, size=1 << 20)
+
+
+def _csv_ready(array):
+    """A UTC timestamp column as the text the CSV writer would give it: Arrow writes a naive timestamp ~40x
+    faster than a zoned one (it looks the zone up per value), and the same instant with a "Z" is that text."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_timestamp(array.type) or array.type.tz != "UTC":
+        return array
+    return pc.binary_join_element_wise(array.cast(pa.timestamp(array.type.unit)).cast(pa.string()), "Z", "")
+
+
+def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
+    """mapInArrow body over spark.range(len(job.ranges)): read, parse and stage the ranges of this task."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from ledgerbatch.formats.parse import make_parser
+    from ledgerbatch.source.reader import read_messages
+
+    schema = to_arrow_schema(COUNTS)
+    parser = make_parser(job.columns, job.required, job.fmt, job.format_options, job.metadata, job.changes)
+    for id_batch in ids:
+        for i in id_batch.column(0).to_pylist():
+            rng = job.ranges[i]
+            parsed = (parser.parse(rng.topic, rng.partition, records)
+                      for records in read_messages(rng, job.kafka, job.stall_timeout_s, bool(job.metadata)))
+            counts = copy_range(parsed, job.table) or (rng.topic, rng.partition, 0, 0, 0, 0)
+            yield pa.RecordBatch.from_pylist([dict(zip(COUNTS.names, counts))], schema=schema)
+
+
+def stage_bad_records(batches: Iterator, job: StagingJob) -> Iterator:
+    """mapInArrow body of a query pipeline over ONE range's raw records: parse, COPY the bad records
+    and record what was read (ledger/batches.py: staged_reads) in one transaction, and pass the good rows on. A
+    task that is not read to its end (a LIMIT in the query) records nothing, and the batch fails."""
+    import psycopg2
+    from pyspark import TaskContext
+
+    from ledgerbatch.formats.parse import parse_batches
+
+    rng = job.ranges[TaskContext.get().partitionId()]  # the reader has one input partition per range
+    parsed = parse_batches(batches, job.columns, job.required, job.fmt, job.format_options, job.metadata)
+    sql, where = job.table.statements, {"topic": rng.topic, "partition": rng.partition}
+    records = bad = 0
+    conn = psycopg2.connect(job.table.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(sql.lock, {"lock": f"{job.table.name}|{rng.topic}|{rng.partition}"})
+            cur.execute(sql.delete_bad, where)
+            for batch in parsed:
+                if (batch.column("_topic")[0].as_py(), batch.column("_partition")[0].as_py()) != rng.topic_partition:
+                    raise RuntimeError(f"the staging task of {rng} got records of another partition")
+                records += batch.num_rows
+                batch, nbad = _stage_bad(cur, sql, batch)
+                bad += nbad
+                if batch.num_rows:
+                    yield batch
+            cur.execute(sql.record_read, {**where, "batch_id": job.batch_id, "attempt": job.attempt,
+                                          "records": records, "bad": bad})
+    finally:
+        conn.close()
+
+
+def copy_output(batches: Iterator, job: StagingJob) -> int:
+    """COPY one task's share of a query's output in one transaction; returns the rows. Two rows for one
+    record (or group), like a retry of a task that had committed, collide with the staging table's
+    unique key and fail the attempt."""
+    import psycopg2
+    import pyarrow as pa
+
+    rows = 0
+    conn = psycopg2.connect(job.table.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            for batch in batches:
+                if batch.num_rows:
+                    batch_ids = pa.repeat(pa.scalar(job.batch_id, pa.int64()), batch.num_rows)
+                    _copy(cur, job.table.statements.copy_output, [batch.column(n) for n in job.output] + [batch_ids])
+                    rows += batch.num_rows
+    except psycopg2.errors.UniqueViolation:
+        raise RuntimeError("the query gave two rows for one " + (
+            "key: an aggregate query groups by exactly target.key" if job.aggregate else
+            "record (its _topic, _partition, _offset): an append or upsert query gives at most one row per record"
+        )) from None
+    finally:
+        conn.close()
+    return rows
+
+
+
+
+
+

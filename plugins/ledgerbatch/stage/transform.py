@@ -1,0 +1,162 @@
+"""Query transforms: `transform:` as one Spark SQL query over the view `batch`.
+
+The view holds a batch's good records: the parsed columns, the metadata columns the spec asks for
+and the source coordinates `_topic, _partition, _offset` (bad records never reach it). The query's
+output decides the target's columns: Spark analyses it over an empty view before anything is read,
+and the batch records that output (`ledger.batches.output_schema`), so its commit publishes exactly
+the shape that was staged.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ledgerbatch.errors import SpecError
+from ledgerbatch.formats.parse import ERROR_COLUMNS, staged_struct
+from ledgerbatch.formats.schema import COORDINATE_NAMES, METADATA, Column, parse_schema, parse_type
+from ledgerbatch.identifiers import check_ident
+from ledgerbatch.spec.pipeline import MERGES, PipelineSpec
+
+VIEW = "batch"
+_NUMERIC = {"SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "DECIMAL"}
+_METADATA_NAMES = {c.name for c in METADATA.values()}
+
+
+def batch_view(parsed, spec: PipelineSpec):
+    """The DataFrame the query sees as `batch`: good rows, without the columns that describe bad ones."""
+    from pyspark.sql import functions as F
+
+    drop = [c for c in ERROR_COLUMNS if not (c == "_key" and "key" in spec.metadata)]
+    return parsed.where(F.col("_error").isNull()).drop(*drop)
+
+
+def run_query(spark, parsed, spec: PipelineSpec):
+    """The spec's query over `parsed` (rows in parse.staged_struct's shape) as a DataFrame.
+
+    `batch` is bound inside the statement (a CTE over a DataFrame argument), not as a session temp view: two
+    batches in one session (a kept Spark Connect session, a zombie attempt beside its successor) never read
+    each other's rows. The wrapper stays on the query's first line, so Spark's line numbers are the query's.
+    Braces are doubled because PySpark formats the statement for the argument."""
+    query = statement(spec.query).replace("{", "{{").replace("}", "}}")
+    return spark.sql(f"WITH {VIEW} AS (SELECT * FROM {{batch_rows}}) SELECT * FROM ({query}\n)",
+                     batch_rows=batch_view(parsed, spec))
+
+
+def statement(query: str) -> str:
+    """The query without what may follow it: whitespace, `;` and comments (which would end up inside the
+    wrapper's parentheses). Quoted text and comments are skipped while scanning, so a `;` or `--` in them
+    stays (pure)."""
+    end = at = 0
+    while at < len(query):
+        c = query[at]
+        if c in "'\"`":
+            at += 1
+            while at < len(query) and query[at] != c:
+                at += 2 if query[at] == "\\" else 1
+            at += 1
+            end = at
+        elif query.startswith("--", at):
+            newline = query.find("\n", at)
+            at = len(query) if newline < 0 else newline + 1
+        elif query.startswith("/*", at):
+            close = query.find("*/", at + 2)
+            at = len(query) if close < 0 else close + 2
+        else:
+            at += 1
+            if not (c.isspace() or c == ";"):
+                end = at
+    return query[:end]
+
+
+def output_columns(spark, spec: PipelineSpec) -> tuple[Column, ...]:
+    """Analyse the query over an empty `batch`: its output columns, checked against the target mode.
+    Raises SpecError for SQL that does not parse or names what `batch` lacks; nothing is read."""
+    empty = spark.createDataFrame([], staged_struct(spec.columns, spec.metadata))
+    try:
+        schema = run_query(spark, empty, spec).schema
+    except Exception as exc:  # Spark's AnalysisException / ParseException, classic or Connect
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"pipeline {spec.name}: transform: the query does not run over `batch` "
+                        f"(columns: {', '.join(view_columns(spec))}): {first}") from None
+    inputs = {c.name: c for c in spec.stored_columns}
+    columns = []
+    for field in schema.fields:
+        try:
+            check_ident(field.name, "output column")
+        except SpecError:
+            raise SpecError(f"pipeline {spec.name}: transform: output column {field.name!r} needs a plain name "
+                            f"(letters, digits, _): name it with AS") from None
+        source = inputs.get(field.name)
+        if source is not None and source.staged_as_text and field.dataType.simpleString() == "string":
+            columns.append(source)  # a nested or binary column selected as it is keeps its type
+            continue
+        try:
+            columns.append(parse_type(field.name, field.dataType.simpleString()))
+        except SpecError as exc:
+            raise SpecError(f"pipeline {spec.name}: transform: output column {field.name!r}: {exc} "
+                            f"(cast it, or name it with AS)") from None
+    check_output(spec, tuple(columns))
+    return tuple(columns)
+
+
+def view_columns(spec: PipelineSpec) -> list[str]:
+    return [c.name for c in spec.stored_columns] + list(COORDINATE_NAMES)
+
+
+def check_output(spec: PipelineSpec, columns: tuple[Column, ...]) -> None:
+    names = [c.name for c in columns]
+    where = f"pipeline {spec.name}: transform"
+    if len(set(names)) != len(names):
+        raise SpecError(f"{where}: the query's output names a column twice ({', '.join(names)})")
+    for c in columns:
+        if c.name.startswith("_") and c.name not in COORDINATE_NAMES + tuple(_METADATA_NAMES):
+            raise SpecError(f"{where}: output column {c.name!r}: names starting with _ are reserved for lineage")
+    missing_key = [k for k in spec.key if k not in names]
+    if missing_key:
+        raise SpecError(f"{where}: target.key column(s) {', '.join(missing_key)} are not in the query's output "
+                        f"({', '.join(names)})")
+    if spec.mode == "aggregate":
+        _check_aggregate(spec, columns, where)
+        return
+    coordinates = [c for c in columns if c.name in COORDINATE_NAMES]
+    if [c.name for c in coordinates] != list(COORDINATE_NAMES) or any(
+            c.type != want for c, want in zip(coordinates, ("STRING", "INT", "BIGINT"))):
+        raise SpecError(f"{where}: a {spec.mode} query keeps each row's source coordinates: select _topic, "
+                        f"_partition and _offset unchanged (e.g. SELECT *, ... FROM batch WHERE ...); "
+                        f"the output has {', '.join(names)}")
+
+
+def _check_aggregate(spec: PipelineSpec, columns: tuple[Column, ...], where: str) -> None:
+    measures = dict(spec.measures)
+    by_name = {c.name: c for c in columns}
+    for c in columns:
+        if c.name.startswith("_"):
+            raise SpecError(f"{where}: an aggregate query's output is groups: drop {c.name!r} or rename it")
+        if c.name not in spec.key and c.name not in measures:
+            raise SpecError(f"{where}: output column {c.name!r} is neither in target.key nor in target.measures "
+                            f"({', '.join(f'{m}: {h}' for m, h in measures.items())})")
+        if c.name in spec.key and c.is_json:
+            raise SpecError(f"{where}: key column {c.name!r} is {c.spark_ddl}: keys must be scalars")
+    for name, how in measures.items():
+        if name not in by_name:
+            raise SpecError(f"{where}: target.measures.{name} is not in the query's output ({', '.join(by_name)})")
+        c = by_name[name]
+        if how == "sum" and c.type not in _NUMERIC:
+            raise SpecError(f"{where}: measure {name!r} is {c.spark_ddl}: sum needs a number")
+        if how in MERGES and not c.is_scalar:
+            raise SpecError(f"{where}: measure {name!r} is {c.spark_ddl}: {how} needs a scalar")
+
+
+def output_spec(spec: PipelineSpec, columns: tuple[Column, ...]) -> PipelineSpec:
+    """The spec as the target sees it: the query's output (coordinates are lineage) as its columns."""
+    stored = tuple(c for c in columns if c.name not in COORDINATE_NAMES)
+    return replace(spec, columns=stored, metadata=(), transform=())
+
+
+def spec_for_batch(spec: PipelineSpec, output_schema: str | None) -> PipelineSpec:
+    """The spec a staged batch commits with: a query pipeline's columns are the output it staged."""
+    if spec.query is None:
+        return spec
+    if not output_schema:
+        raise SpecError(f"pipeline {spec.name}: the batch was staged without a query's output columns (before "
+                        f"the spec had transform: as a query?): run it again to stage it with the query")
+    return output_spec(spec, parse_schema(output_schema, lineage_names=True))

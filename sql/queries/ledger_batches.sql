@@ -1,0 +1,120 @@
+-- Batches and their ranges: plan, attempts, staged counts, commit and abandon. Run only by
+-- plugins/ledgerbatch/ledger/batches.py. Bind parameters are :name.
+
+-- name: pipeline_lock
+SELECT pg_advisory_xact_lock(hashtext('ledgerbatch:pipeline:' || :pipeline));
+
+-- name: open_live_batch
+SELECT batch_id FROM ledger.batches
+WHERE pipeline = :pipeline AND kind = 'live' AND status IN ('planned', 'staged', 'failed');
+
+-- name: get_batch
+SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
+       rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped,
+       spec_version
+FROM ledger.batches WHERE batch_id = :batch_id;
+
+-- name: lock_batch
+SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
+       rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped,
+       spec_version
+FROM ledger.batches WHERE batch_id = :batch_id FOR UPDATE;
+
+-- name: get_ranges
+SELECT topic, partition, from_offset, until_offset, records_read, rows_deleted, records_skipped
+FROM ledger.batch_ranges WHERE batch_id = :batch_id ORDER BY topic, partition;
+
+-- name: insert_batch
+INSERT INTO ledger.batches (pipeline, kind) VALUES (:pipeline, :kind) RETURNING batch_id;
+
+-- name: insert_range
+INSERT INTO ledger.batch_ranges (batch_id, pipeline, kind, topic, partition, from_offset, until_offset)
+VALUES (:batch_id, :pipeline, :kind, :topic, :partition, :from_offset, :until_offset);
+
+-- name: record_spec_version
+INSERT INTO ledger.spec_versions (pipeline, version, spec_text) VALUES (:pipeline, :version, :spec_text)
+ON CONFLICT (pipeline, version) DO NOTHING;
+
+-- name: pin_spec_version
+-- A batch keeps the version it was first given (at its plan; a replay or backfill at its first attempt).
+UPDATE ledger.batches SET spec_version = coalesce(spec_version, :version)
+WHERE batch_id = :batch_id RETURNING spec_version;
+
+-- name: begin_attempt
+UPDATE ledger.batches
+SET attempt = attempt + 1, status = 'planned', staging_table = NULL, error = NULL,
+    records_read = NULL, rows_written = NULL, rows_quarantined = NULL, staged_at = NULL, updated_at = now(),
+    records_filtered = 0, groups_written = NULL, output_schema = :output_schema, rows_deleted = 0, records_skipped = 0
+WHERE batch_id = :batch_id AND status IN ('planned', 'staged', 'failed')
+RETURNING attempt;
+
+-- name: mark_staged
+UPDATE ledger.batches
+SET status = 'staged', staging_table = :staging_table, records_read = :records_read,
+    rows_written = :rows_written, rows_quarantined = :rows_quarantined, records_filtered = :records_filtered,
+    groups_written = :groups_written, staged_at = now(), updated_at = now()
+WHERE batch_id = :batch_id AND attempt = :attempt AND status = 'planned';
+
+-- name: mark_staged_changes
+-- Change pipelines, right after mark_staged in its transaction: of the rows written, these deleted a
+-- key or were skipped (tombstones).
+UPDATE ledger.batches
+SET rows_written = rows_written - :rows_deleted - :records_skipped, rows_deleted = :rows_deleted,
+    records_skipped = :records_skipped
+WHERE batch_id = :batch_id AND attempt = :attempt AND status = 'staged';
+
+-- name: set_range_changes
+UPDATE ledger.batch_ranges SET rows_deleted = :rows_deleted, records_skipped = :records_skipped
+WHERE batch_id = :batch_id AND topic = :topic AND partition = :partition;
+
+-- name: staged_reads
+-- What a query pipeline's staging tasks read per range (staging_tasks.sql: record_staged_read).
+SELECT topic, partition, records, bad FROM ledger.staged_reads WHERE batch_id = :batch_id AND attempt = :attempt;
+
+-- name: set_range_count
+UPDATE ledger.batch_ranges SET records_read = :records_read
+WHERE batch_id = :batch_id AND topic = :topic AND partition = :partition;
+
+-- name: mark_failed
+UPDATE ledger.batches SET status = 'failed', error = :error, updated_at = now()
+WHERE batch_id = :batch_id AND attempt = :attempt AND status IN ('planned', 'staged');
+
+-- name: mark_ranges_committed
+UPDATE ledger.batch_ranges SET committed = true WHERE batch_id = :batch_id;
+
+-- name: mark_committed
+UPDATE ledger.batches SET status = 'committed', committed_at = now(), updated_at = now()
+WHERE batch_id = :batch_id;
+
+-- name: forget_staged_reads
+-- Once the batch is committed its counts are in batches and batch_ranges.
+DELETE FROM ledger.staged_reads WHERE batch_id = :batch_id;
+
+-- name: mark_abandoned
+UPDATE ledger.batches SET status = 'abandoned', error = :reason, updated_at = now()
+WHERE batch_id = :batch_id AND status IN ('planned', 'staged', 'failed');
+
+-- name: known_pipelines
+SELECT DISTINCT pipeline FROM ledger.batches ORDER BY pipeline;
+
+-- name: finished_staging_tables
+-- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up), by
+-- the name of the good-rows table (drop_staging drops the bad-records table with it).
+SELECT DISTINCT regexp_replace(t.table_name, '_bad$', '') AS table_name FROM information_schema.tables t
+JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a\d+(_bad)?$')::bigint
+WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned');
+
+-- name: delivering_batches
+-- Committed batches of the pipeline (other than :batch_id) whose ranges overlap the given ranges
+-- (parallel arrays), with each of their ranges: an aggregate replay supersedes whole batches.
+SELECT r.batch_id, r.topic, r.partition, r.from_offset, r.until_offset
+FROM ledger.batch_ranges r
+WHERE r.pipeline = :pipeline AND r.committed AND r.batch_id <> :batch_id
+  AND r.batch_id IN (
+      SELECT o.batch_id FROM ledger.batch_ranges o
+      JOIN unnest(CAST(:topics AS text[]), CAST(:partitions AS int[]), CAST(:from_offsets AS bigint[]), CAST(:until_offsets AS bigint[]))
+           AS q(topic, partition, from_offset, until_offset)
+        ON o.topic = q.topic AND o.partition = q.partition
+       AND o.from_offset < q.until_offset AND q.from_offset < o.until_offset
+      WHERE o.pipeline = :pipeline AND o.committed)
+ORDER BY r.batch_id, r.topic, r.partition;

@@ -1,0 +1,30 @@
+-- Target tables: introspection and evolution (plugins/ledgerbatch/commit/target.py, commit/modes/).
+-- {placeholders} take quoted identifiers; {type} is a fixed type name from the type map.
+
+-- name: table_columns
+-- Each column with its full type as PostgreSQL writes it (numeric(12,2), text[], jsonb, ...).
+SELECT a.attname AS column_name, format_type(a.atttypid, a.atttypmod) AS type
+FROM pg_attribute a
+WHERE a.attrelid = to_regclass(quote_ident(:schema) || '.' || quote_ident(:table))
+  AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum;
+
+-- name: table_exists
+SELECT to_regclass(quote_ident(:schema) || '.' || quote_ident(:table)) IS NOT NULL;
+
+-- name: add_column
+-- target.evolve additive: a column new to the spec, nullable, inside the commit's transaction.
+ALTER TABLE {schema}.{table} ADD COLUMN {column} {type};
+
+-- name: widen_column
+ALTER TABLE {schema}.{table} ALTER COLUMN {column} TYPE {type};
+
+-- name: target_layout
+-- Whether the target is partitioned, and whether this login may attach to it (owner, CREATE in schema).
+SELECT c.relkind = 'p' AS partitioned,
+       pg_has_role(c.relowner, 'USAGE') AND has_schema_privilege(n.oid, 'CREATE') AS can_attach
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = :schema AND c.relname = :table;
+
+-- name: count_rows
+SELECT count(*) AS rows, count(DISTINCT (_topic, _partition, _offset)) AS distinct_coordinates FROM {schema}.{table};
