@@ -62,7 +62,7 @@ class AvroOrders:
         """lb.run_warm on the Avro topic; the registry's schema requests are counted over the follower's whole life."""
         before = self.registry.requests[ROUTE]
         result = lb.run_warm(self.bootstrap, self.topic, db_name, workdir, records, registry_url=self.registry.url)
-        # stage.py starts min(ranges, 2 * defaultParallelism) staging tasks, each with its own decoder and
+        # stage/driver.py starts min(ranges, 2 * defaultParallelism) staging tasks, each with its own decoder and
         # registry client; under local[*] defaultParallelism is the cores this process (and Spark) may use.
         self.runs.append({"schema_id_requests": self.registry.requests[ROUTE] - before,
                           "staging_tasks": min(result["ranges"], 2 * len(os.sched_getaffinity(0)))})

@@ -183,7 +183,7 @@ Avro contender.
   measured the same way, on the Avro topic: the same spec and target but `source.format: avro` and
   `source.schema_registry.url`; the values are the same orders with the schema `order_id` string, `customer`
   string, `amount` bytes decimal(12,2), `ts` long timestamp-micros. The registry is
-  `ledgerbatch.devregistry.DevRegistry` (in-memory, Confluent REST) in the harness's own process.
+  `ledgerbatch.dev.registry.DevRegistry` (in-memory, Confluent REST) in the harness's own process.
 - **ledgerbatch aggregate and filter** (`bench/transforms.py`, issue #12): the warm contender again, on the same
   JSON topic and measured the same way, with `transform:` a Spark SQL query. The aggregate groups the orders into
   30 customers x 20 minutes (`CAST(substr(customer, 3) AS INT) % 30`, `minute(ts) % 20`, 600 groups) with
