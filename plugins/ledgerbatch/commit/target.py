@@ -23,6 +23,14 @@ def target_defs(spec: PipelineSpec) -> Fragment:
     return Fragment(",\n    ".join([column_defs(spec)] + lineage))
 
 
+def lock_target(conn: Connection, spec: PipelineSpec) -> None:
+    """Order every commit into the pipeline's target for the rest of the transaction (a transaction-level
+    advisory lock on the table's name). A live commit, a replay and a backfill each decide what to write
+    from what the target holds; only one at a time may decide and write, or a replay could act on a
+    target row that a live commit beside it is replacing."""
+    conn.execute(text(query("target_lock")), {"target": f"{spec.target_schema}.{spec.target_table}"})
+
+
 def table_exists(conn: Connection, schema: str, table: str) -> bool:
     return conn.execute(text(query("table_exists")), {"schema": schema, "table": table}).scalar_one()
 
