@@ -1,4 +1,5 @@
-"""The target table's shape: its columns and lineage, existence, and evolution to the spec's columns (evolve.py)."""
+"""The target table's shape: its columns and lineage, existence, and evolution to the spec's columns
+(evolve.py)."""
 from __future__ import annotations
 
 import logging
