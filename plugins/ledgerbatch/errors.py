@@ -39,3 +39,6 @@ class BatchFailedError(LedgerbatchError):
 # so the raiser writes the marker and process.process_batch looks for it.
 FENCED = "no longer owns the batch"
 OFFSETS_LOST = "offsets are no longer in Kafka"
+# A batch that failed errors.max_ratio on its own is planned again (plan/live.py) rather than resumed with
+# its ranges: the ledger's error text carries the marker (model/reconcile.py writes it).
+OVER_BUDGET = "more than errors.max_ratio"

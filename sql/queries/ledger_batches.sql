@@ -41,12 +41,25 @@ UPDATE ledger.batches SET spec_version = coalesce(spec_version, :version)
 WHERE batch_id = :batch_id RETURNING spec_version;
 
 -- name: begin_attempt
+-- Never while another attempt holds a fresh lease (attempt_held).
 UPDATE ledger.batches
 SET attempt = attempt + 1, status = 'planned', staging_table = NULL, error = NULL,
     records_read = NULL, rows_written = NULL, rows_quarantined = NULL, staged_at = NULL, updated_at = now(),
-    records_filtered = 0, groups_written = NULL, output_schema = :output_schema, rows_deleted = 0, records_skipped = 0
+    records_filtered = 0, groups_written = NULL, output_schema = :output_schema, rows_deleted = 0, records_skipped = 0,
+    heartbeat_at = now()
 WHERE batch_id = :batch_id AND status IN ('planned', 'staged', 'failed')
+  AND NOT (status = 'planned' AND attempt > 0
+           AND coalesce(heartbeat_at > now() - make_interval(secs => :lease_s), false))
 RETURNING attempt;
+
+-- name: attempt_held
+-- Whether an attempt is being staged under a fresh lease.
+SELECT status = 'planned' AND attempt > 0 AND coalesce(heartbeat_at > now() - make_interval(secs => :lease_s), false)
+FROM ledger.batches WHERE batch_id = :batch_id;
+
+-- name: renew_lease
+UPDATE ledger.batches SET heartbeat_at = now()
+WHERE batch_id = :batch_id AND attempt = :attempt AND status = 'planned';
 
 -- name: mark_staged
 UPDATE ledger.batches
@@ -93,6 +106,12 @@ DELETE FROM ledger.staged_reads WHERE batch_id = :batch_id;
 -- name: mark_abandoned
 UPDATE ledger.batches SET status = 'abandoned', error = :reason, updated_at = now()
 WHERE batch_id = :batch_id AND status IN ('planned', 'staged', 'failed');
+
+-- name: record_replaced
+UPDATE ledger.batches SET records_replaced = :records WHERE batch_id = :batch_id;
+
+-- name: newest_committed_batch
+SELECT max(batch_id) FROM ledger.batches WHERE pipeline = :pipeline AND status = 'committed';
 
 -- name: known_pipelines
 SELECT DISTINCT pipeline FROM ledger.batches ORDER BY pipeline;

@@ -27,6 +27,40 @@ WHERE EXISTS (SELECT 1 FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS 
               WHERE r.topic = t._topic AND r.partition = t._partition
                 AND t._offset >= r.from_offset AND t._offset < r.until_offset);
 
+-- name: replay_drop_stale
+-- Before a replay upserts: a row whose value came from the replayed ranges, of a key the replay gives no
+-- row any more (its record is now bad, or a query drops it), is removed, so that no coordinate is both a
+-- row and quarantined (or filtered). An older value of the key, from before the ranges, is not brought back.
+DELETE FROM {schema}.{table} t
+USING unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                   CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+WHERE t._topic = r.topic AND t._partition = r.partition AND t._offset >= r.from_offset AND t._offset < r.until_offset
+  AND NOT EXISTS (SELECT 1 FROM ledger_staging.{staging} c WHERE {match_t});
+
+-- name: upsert_replay_diff
+-- Dry run of an upsert replay, by key as replay_upsert and replay_drop_stale decide: a key's last staged
+-- row is added (no row), changed or unchanged (a row from the replayed ranges, or a newer row the replay
+-- keeps); rows of the ranges whose key the replay no longer gives are removed.
+WITH c AS (
+    SELECT DISTINCT ON ({key}) * FROM ledger_staging.{staging} ORDER BY {key}, _offset DESC, _partition DESC
+), judged AS (
+    SELECT t._offset IS NULL AS added,
+           t._offset IS NOT NULL AND ROW({columns_c}) IS DISTINCT FROM ROW({columns_t})
+             AND EXISTS (SELECT 1 FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                   CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+                         WHERE r.topic = t._topic AND r.partition = t._partition
+                           AND t._offset >= r.from_offset AND t._offset < r.until_offset) AS changed
+    FROM c LEFT JOIN {schema}.{table} t ON {match_t}
+)
+SELECT count(*) FILTER (WHERE added) AS added,
+       (SELECT count(*) FROM {schema}.{table} t JOIN unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                   CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+          ON t._topic = r.topic AND t._partition = r.partition AND t._offset >= r.from_offset AND t._offset < r.until_offset
+        WHERE NOT EXISTS (SELECT 1 FROM ledger_staging.{staging} c WHERE {match_t})) AS removed,
+       count(*) FILTER (WHERE changed) AS changed,
+       count(*) FILTER (WHERE NOT added AND NOT changed) AS unchanged
+FROM judged;
+
 -- Change pipelines (format debezium, or target.deletes): every staged row is a change, `_change`
 -- 'u' (upsert), 'd' (delete the key) or 's' (skipped). ledger_deletes.<pipeline> keeps the last delete of
 -- every deleted key, so the target's rows and it together hold the last change delivered of every key.
@@ -59,6 +93,20 @@ WHERE CAST(:live AS boolean)
                   CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
               WHERE r.topic = coalesce(t._topic, d._topic) AND r.partition = coalesce(t._partition, d._partition)
                 AND coalesce(t._offset, d._offset) >= r.from_offset AND coalesce(t._offset, d._offset) < r.until_offset);
+
+-- name: replay_drop_stale_changes
+-- A change replay's rows and deletes that came from its ranges, of keys it no longer changes (their
+-- records are now bad): removed before its changes apply, as replay_drop_stale does for rows.
+DELETE FROM {schema}.{table} t
+USING unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                   CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+WHERE t._topic = r.topic AND t._partition = r.partition AND t._offset >= r.from_offset AND t._offset < r.until_offset
+  AND NOT EXISTS (SELECT 1 FROM ledger_staging.{staging} c WHERE c._change <> 's' AND {match_t});
+DELETE FROM ledger_deletes.{deletes} d
+USING unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                   CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+WHERE d._topic = r.topic AND d._partition = r.partition AND d._offset >= r.from_offset AND d._offset < r.until_offset
+  AND NOT EXISTS (SELECT 1 FROM ledger_staging.{staging} c WHERE c._change <> 's' AND {match_d});
 
 -- name: apply_deletes
 DELETE FROM {schema}.{table} t USING lb_last_changes c WHERE c._change = 'd' AND {match_t};

@@ -1,6 +1,10 @@
 -- Target tables: introspection and evolution (plugins/ledgerbatch/commit/target.py, commit/modes/).
 -- {placeholders} take quoted identifiers; {type} is a fixed type name from the type map.
 
+-- name: target_lock
+-- Held by every commit into the target until it ends (commit/target.py: lock_target).
+SELECT pg_advisory_xact_lock(hashtext('ledgerbatch:target:' || :target));
+
 -- name: table_columns
 -- Each column with its full type as PostgreSQL writes it (numeric(12,2), text[], jsonb, ...).
 SELECT a.attname AS column_name, format_type(a.atttypid, a.atttypmod) AS type

@@ -3,11 +3,13 @@ ranges, staging tables filled with plain INSERTs and marked staged as the execut
 the database holds afterwards. Shared by the commit tests and the target-mode contract."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 from decimal import Decimal
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +38,8 @@ _names = itertools.count()
 class Pipe:
     """A uniquely named pipeline and target table; its spec is a YAML file (a child process loads it too)."""
 
-    def __init__(self, directory: Path, mode: str = "append", max_ratio: float = 0.5, policy: str = "quarantine"):
+    def __init__(self, directory: Path, mode: str = "append", max_ratio: float = 0.5, policy: str = "quarantine",
+                 deletes: bool = False, query: str | None = None, max_records: int | None = None):
         self.name = f"c{os.getpid()}_{next(_names)}"
         self.topic = f"t_{self.name}"
         self.table = f"target_{self.name}"
@@ -49,6 +52,12 @@ class Pipe:
         if mode == "aggregate":
             target["measures"] = {"n": "sum", "amount": "sum"}
             doc["transform"] = GROUPS
+        if deletes:  # a change pipeline: a tombstone deletes its key (staged rows carry _change)
+            target["deletes"] = True
+        if query:
+            doc["transform"] = query
+        if max_records:
+            doc["batch"] = {"max_records": max_records}
         directory.mkdir(parents=True, exist_ok=True)
         (directory / f"{self.name}.yaml").write_text(yaml.safe_dump(doc))
         self.spec = load_spec(directory, self.name)
@@ -71,25 +80,36 @@ def plan(engine, p: Pipe, ranges: dict[int, tuple[int, int]], kind: BatchKind = 
         return insert_batch(conn, p.name, kind, offset_ranges)
 
 
+# an append or upsert query's output (transform.output_columns of a `SELECT * FROM batch ...`)
+ROWS_OUTPUT = SCHEMA + ", _topic STRING, _partition INT, _offset BIGINT"
+
+
+def output_schema(p: Pipe) -> str | None:
+    if not p.spec.query:
+        return None
+    return GROUPS_OUTPUT if p.spec.mode == "aggregate" else ROWS_OUTPUT
+
+
 def target_spec(p: Pipe):
-    """The spec as the commit sees it (an aggregate's columns are its query's output)."""
-    return spec_for_batch(p.spec, GROUPS_OUTPUT if p.spec.query else None)
+    """The spec as the commit sees it (a query pipeline's columns are its query's output)."""
+    return spec_for_batch(p.spec, output_schema(p))
 
 
 def begin(engine, p: Pipe, batch_id: int) -> Staged:
     """A new attempt with its (empty) staging tables, as process_batch starts one."""
     with engine.begin() as conn:
-        attempt = begin_attempt(conn, batch_id, GROUPS_OUTPUT if p.spec.query else None)
+        attempt = begin_attempt(conn, batch_id, output_schema(p))
         staging = staging_name(batch_id, attempt)
         create_staging(conn, target_spec(p), staging, batch_id)
     return Staged(batch_id, attempt, staging)
 
 
 def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
-         counts: dict[int, tuple[int, int]] | None = None) -> None:
+         counts: dict[int, tuple[int, int]] | None = None, filtered: int = 0) -> None:
     """Good rows (partition, offset, order_id, amount) and bad records (partition, offset, error) by
     plain INSERTs, then mark_staged with `counts` {partition: (rows incl. bad, bad)} (by default the
-    true counts of what was inserted)."""
+    true counts of what was inserted). A change pipeline's amount None is a delete of the key; a query
+    pipeline's `filtered` records were read (give `counts`) but dropped by its query."""
     with engine.begin() as conn:
         if good and p.spec.mode == "aggregate":
             groups: dict[str, list] = {}
@@ -100,6 +120,15 @@ def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
                               "VALUES (:order_id, :n, :amount, :batch_id)"),
                          [{"order_id": oid, "n": n, "amount": total, "batch_id": s.batch_id}
                           for oid, (n, total) in groups.items()])
+        elif good and p.spec.changes:  # (partition, offset, order_id, amount or None for a delete)
+            conn.execute(text(
+                f'INSERT INTO ledger_staging."{s.staging}" (order_id, customer, amount, ts, _change, _topic, _partition, '
+                "_offset, _batch_id) VALUES (:order_id, :customer, :amount, :ts, :change, :topic, :partition, :offset, "
+                ":batch_id)"),
+                [{"order_id": oid, "customer": None if amount is None else "c", "amount": amount,
+                  "ts": None if amount is None else "2026-11-21T10:00:00Z", "change": "d" if amount is None else "u",
+                  "topic": p.topic, "partition": part, "offset": off, "batch_id": s.batch_id}
+                 for part, off, oid, amount in good])
         elif good:
             conn.execute(text(
                 f'INSERT INTO ledger_staging."{s.staging}" (order_id, customer, amount, ts, _topic, _partition, _offset, _batch_id) '
@@ -120,16 +149,20 @@ def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
             for part, *_ in bad:
                 rows, nbad = counts.get(part, (0, 0))
                 counts[part] = (rows + 1, nbad + 1)
+            if p.spec.changes:  # (records, bad, deleted, skipped)
+                counts = {part: c + (sum(1 for g in good if g[0] == part and g[3] is None), 0)
+                          for part, c in counts.items()}
         batch = get_batch(conn, s.batch_id)
         groups_written = len({oid for _, _, oid, _ in good}) if p.spec.mode == "aggregate" else None
         mark_staged(conn, s.batch_id, s.attempt, s.staging, batch.ranges,
-                           {(p.topic, part): c for part, c in counts.items()}, groups=groups_written)
+                    {(p.topic, part): c for part, c in counts.items()}, filtered=filtered, groups=groups_written)
 
 
 def staged_batch(engine, p: Pipe, ranges: dict[int, tuple[int, int]], good: list[tuple], bad: list[tuple] = (),
-                 counts: dict[int, tuple[int, int]] | None = None, kind: BatchKind = BatchKind.LIVE) -> Staged:
+                 counts: dict[int, tuple[int, int]] | None = None, kind: BatchKind = BatchKind.LIVE,
+                 filtered: int = 0) -> Staged:
     s = begin(engine, p, plan(engine, p, ranges, kind))
-    fill(engine, p, s, good, bad, counts)
+    fill(engine, p, s, good, bad, counts, filtered)
     return s
 
 
@@ -202,3 +235,43 @@ def commit_in_child(db_url: str, p: Pipe, batch_id: int, **env) -> subprocess.Co
     return subprocess.run([sys.executable, "-c", CHILD, str(REPO / "plugins"), db_url, str(p.dir), p.name, str(batch_id)],
                           env={**full_env, **env}, cwd=REPO, capture_output=True, text=True, timeout=60,
                           start_new_session=True)
+
+
+def start_commit_in_child(db_url: str, p: Pipe, batch_id: int) -> subprocess.Popen:
+    """commit_in_child without waiting for it (read its result with .communicate())."""
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(REPO / "plugins"), db_url, str(p.dir), p.name,
+                             str(batch_id)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+@contextlib.contextmanager
+def parked(engine, batch_id: int):
+    """Hold the batch's ledger.batch_ranges rows FOR UPDATE: its commit writes the target, then waits before
+    its COMMIT (at mark_committed), until the block ends. That window exists anyway: a big live commit
+    holds its transaction for seconds."""
+    conn = engine.connect()
+    tx = conn.begin()
+    try:
+        conn.execute(text("SELECT 1 FROM ledger.batch_ranges WHERE batch_id = :b FOR UPDATE"), {"b": batch_id})
+        yield
+    finally:
+        tx.rollback()
+        conn.close()
+
+
+def lock_waiters(engine) -> list[str]:
+    """What the database's other sessions wait on (wait_event of each backend waiting for a lock)."""
+    with engine.connect() as conn:
+        return conn.execute(text(
+            "SELECT wait_event FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND wait_event_type = 'Lock' ORDER BY backend_start")).scalars().all()
+
+
+def wait_for_lock_waiters(engine, n: int, timeout_s: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        waiting = lock_waiters(engine)
+        if len(waiting) >= n:
+            return waiting
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} sessions waiting for a lock, found {lock_waiters(engine)}")

@@ -100,7 +100,7 @@ def test_on_new_data_dag_is_scheduled_on_a_watched_asset(connections, make_pipel
     assert asset.uri == f"x-ledgerbatch://pipelines/{p.name}/new-data"
     assert asset.watchers[0].trigger.serialize()[1] == {
         "pipeline": p.name, "pipelines_dir": str(p.dir), "ledger_conn_id": "ledgerbatch_db",
-        "kafka_conn_id": "ledgerbatch_kafka", "poll_interval": 5.0}
+        "kafka_conn_id": "ledgerbatch_kafka", "poll_interval": 5.0, "refire_after": 60.0}
     assert dag.max_active_runs == 1 and [t.task_id for t in dag.topological_sort()] == ["plan", "process", "commit", "verify"]
     serialized = DagSerialization.to_dict(dag)["dag"]["timetable"]["__var"]["asset_condition"]["objects"][0]
     assert serialized["watchers"][0]["trigger"]["classpath"] == "ledgerbatch.airflow.triggers.NewDataTrigger"
@@ -165,6 +165,56 @@ def test_a_running_trigger_fires_once_per_state(connections, engine, broker, mak
                                     [(0, order_value(i)) for i in range(5, 8)])
             assert (await event(30))["pending_offsets"] == 8
             assert await event(QUIET_S) is None
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await trigger.cleanup()
+    asyncio.run(go())
+
+
+def test_a_trigger_fires_again_after_its_run_failed_with_backoff_never_while_an_attempt_is_staged(
+        connections, engine, broker, make_pipeline, monkeypatch):
+    """A run it started planned a batch whose attempt then failed: the offsets wait in the unfinished batch
+    and the state does not change, yet the trigger fires again, each time after twice the wait, and
+    stays quiet while an attempt is being staged (its lease is live)."""
+    from ledgerbatch.ledger.batches import begin_attempt, mark_failed
+    from ledgerbatch.plan.live import plan_next
+    from ledgerbatch.stage.lease import LEASE_S, AttemptLease
+
+    p = make_pipeline(partitions=1, schedule="on_new_data")
+    trigger = watched_trigger(build(p, monkeypatch)[f"ledgerbatch_{p.name}"])
+    trigger.refire_after = 1.0
+    produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(5)])
+
+    async def go():
+        queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        async def collect():
+            async for event in trigger.run():
+                queue.put_nowait((loop.time(), event.payload))
+
+        async def event(timeout):
+            try:
+                return await asyncio.wait_for(queue.get(), timeout)
+            except asyncio.TimeoutError:
+                return None
+
+        task = asyncio.create_task(collect())
+        try:
+            assert (await event(30))[1]["pending_offsets"] == 5
+            batch = await asyncio.to_thread(plan_next, engine, p.spec, broker.bootstrap_servers)  # the run's plan
+            with engine.begin() as conn:
+                attempt = begin_attempt(conn, batch.batch_id, None, LEASE_S)
+            with AttemptLease(engine, batch.batch_id, attempt, every_s=0.3):
+                assert await event(3.0) is None  # being staged: quiet, though past refire_after
+            with engine.begin() as conn:
+                mark_failed(conn, batch.batch_id, attempt, "Spark lost")  # the run failed
+            first_at, first = await event(10)
+            assert first["reason"].startswith(f"batch {batch.batch_id} is unfinished; nothing was delivered")
+            second_at, second = await event(10)
+            assert second["reason"].startswith(f"batch {batch.batch_id} is unfinished")
+            assert 1.8 <= second_at - first_at < 3.5  # the wait doubled (1 s, then 2 s)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -165,6 +165,34 @@ def test_lost_offsets_stop_the_pipeline_until_acknowledged(engine, db_url, broke
         acknowledge_loss(engine, p.spec, broker.bootstrap_servers, "bob", None)
 
 
+def test_acknowledge_loss_commits_a_staged_batch_and_records_only_what_is_gone(engine, db_url, broker, spark,
+                                                                               make_pipeline):
+    """A staged batch needs nothing from Kafka: acknowledge-loss commits it, then records as lost only
+    the offsets after it that retention deleted."""
+    from ledgerbatch.plan.live import plan_next
+    from ledgerbatch.stage.process import process_batch
+
+    p = make_pipeline(partitions=1)
+    produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(10)])
+    batch = plan_next(engine, p.spec, broker.bootstrap_servers)
+    staged = process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers)
+    assert (staged.status, staged.records_read) == ("staged", 10)
+    filler = b'{"order_id":"' + b"f" * 1000 + b'"}'
+    for _ in range(8):
+        produce(broker.bootstrap_servers, p.topic, [(0, filler)] * 1000)
+    low, _ = end_offsets(broker.bootstrap_servers, p.topic, 1)[0]
+    assert low > 10
+
+    lost = acknowledge_loss(engine, p.spec, broker.bootstrap_servers, "alice", "retention")
+    assert [(r.from_offset, r.until_offset) for r in lost] == [(10, low)]
+    with engine.connect() as conn:
+        assert get_batch(conn, batch.batch_id).status == "committed"
+        assert conn.execute(text(f'SELECT count(*) FROM public."{p.table}"')).scalar() == 10
+        assert conn.execute(text("SELECT from_offset, until_offset FROM ledger.lost_ranges WHERE pipeline = :p"),
+                            {"p": p.name}).all() == [(10, low)]
+    assert verify(engine, p.spec) == []
+
+
 def test_backend_terminated_inside_commit_is_resolved_by_the_ledger(engine, db_url, broker, make_pipeline):
     p = make_pipeline(partitions=2)
     good, bad = known_data(broker, p, n=300)

@@ -11,8 +11,8 @@ from ledgerbatch.commit.modes.catalog import MODES, mode_for
 from ledgerbatch.model.batch import BatchKind, BatchStatus
 from ledgerbatch.ops.verify import verify
 
-from .staged import (Pipe, Staged, batch, commit_in_child, cursors, qrow, quarantine, row, staged_batch,
-                     staging_tables, target, target_spec)
+from .staged import (Pipe, Staged, batch, commit_in_child, cursors, parked, qrow, quarantine, row, staged_batch,
+                     staging_tables, start_commit_in_child, target, target_spec, wait_for_lock_waiters)
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +65,34 @@ class TargetModeContract:
         assert quarantine(engine, p) == []
         assert cursors(engine, p) == {0: 3}  # a replay never moves the live cursors
         assert verify(engine, p.spec) == []
+
+    def test_a_replay_and_a_live_commit_interleaved_commit_one_after_the_other(self, engine, db_url, make_pipe):
+        """The live commit has written the target and not yet committed (parked) when a replay of the
+        batch before it commits: the replay waits for the target, then decides on what the live commit
+        left, so the result is the serial one."""
+        p = make_pipe(mode=self.MODE)
+        first = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 0, "o-0", "1.00"), (0, 1, "o-1", "2.00")])
+        commit_batch(engine, p.spec, first.batch_id)
+        live = staged_batch(engine, p, {0: (2, 4)}, good=[(0, 2, "o-1", "5.00"), (0, 3, "o-3", "3.00")])
+        replay = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 0, "o-0", "1.50"), (0, 1, "o-1", "2.00")],
+                              kind=BatchKind.REPLAY)
+        with parked(engine, live.batch_id):
+            live_commit = start_commit_in_child(db_url, p, live.batch_id)
+            assert wait_for_lock_waiters(engine, 1) == ["transactionid"]  # the live commit, before its COMMIT
+            replay_commit = start_commit_in_child(db_url, p, replay.batch_id)
+            assert wait_for_lock_waiters(engine, 2) == ["transactionid", "advisory"]  # the replay waits for the target
+        for child in (live_commit, replay_commit):
+            out, err = child.communicate(timeout=60)
+            assert child.returncode == 0, err[-2000:]
+        assert target(engine, p) == self.expect_interleaved(first.batch_id, live.batch_id, replay.batch_id)
+        assert cursors(engine, p) == {0: 4}
+        assert verify(engine, p.spec) == []
+
+    @staticmethod
+    def expect_interleaved(first: int, live: int, replay: int) -> list[tuple]:
+        """The interleaving test's target: the replay's rows of [0, 2), the live batch's of [2, 4)."""
+        return [row(0, 0, "o-0", "1.50", replay), row(0, 1, "o-1", "2.00", replay),
+                row(0, 2, "o-1", "5.00", live), row(0, 3, "o-3", "3.00", live)]
 
     def test_rows_match_records_says_whether_verify_may_count(self, engine, make_pipe):
         p = make_pipe(mode=self.MODE)
@@ -150,6 +178,11 @@ class TestUpsert(TargetModeContract):
     __test__ = True
     MODE = "upsert"
 
+    @staticmethod
+    def expect_interleaved(first: int, live: int, replay: int) -> list[tuple]:
+        # o-1's newer value (offset 2, the live batch) stays: the replay's offset 1 is older
+        return [row(0, 0, "o-0", "1.50", replay), row(0, 2, "o-1", "5.00", live), row(0, 3, "o-3", "3.00", live)]
+
 
 class TestAggregate(TargetModeContract):
     """Groups by order id (staged.GROUPS): each record of the contract is its order's only one."""
@@ -160,6 +193,11 @@ class TestAggregate(TargetModeContract):
     @staticmethod
     def expect(rows: list[tuple]) -> list[tuple]:
         return sorted((oid, 1, amount, batch_id) for _, _, oid, amount, batch_id in rows)
+
+    @staticmethod
+    def expect_interleaved(first: int, live: int, replay: int) -> list[tuple]:
+        # each group holds the last batch that changed it; o-1 sums the replay's 2.00 and the live 5.00
+        return [("o-0", 1, "1.50", replay), ("o-1", 2, "7.00", replay), ("o-3", 1, "3.00", live)]
 
     def test_a_group_only_a_superseded_batch_made_disappears(self, engine, make_pipe):
         p = make_pipe(mode=self.MODE)

@@ -1,4 +1,5 @@
-"""DAG factory: one DAG per pipeline spec (`ledgerbatch_<name>`), and the manual `ledgerbatch_backfill` DAG."""
+"""DAG factory: one DAG per pipeline spec (`ledgerbatch_<name>`), and the manual `ledgerbatch_backfill`
+DAG."""
 from __future__ import annotations
 
 import logging

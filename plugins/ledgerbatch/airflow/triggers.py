@@ -36,6 +36,12 @@ class Pending:
     unfinished: int | None  # the unfinished live batch (a run resumes it)
     never_ran: bool         # no cursors yet: the first run records where the pipeline starts
     state: tuple            # the end offsets and the offsets already covered, this was computed from
+    staging: bool = False   # an attempt of the unfinished batch is being staged now (its lease is live)
+
+    @property
+    def waiting(self) -> bool:
+        """Something is left to deliver."""
+        return bool(self.offsets or self.never_ran or self.unfinished is not None)
 
     @property
     def reason(self) -> str:
@@ -47,7 +53,7 @@ class Pending:
 
 
 def pending(spec: PipelineSpec, ends: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int],
-            unfinished: Batch | None) -> Pending:
+            unfinished: Batch | None, staging: bool = False) -> Pending:
     """What a run of `spec` would find to do, by the planner's rules (planner.plan_from): an unfinished batch
     is resumed with its ranges; then each partition goes from its cursor (a pipeline without cursors starts at
     `source.start`, a partition added later at its log start) up to its end offset.
@@ -61,7 +67,7 @@ def pending(spec: PipelineSpec, ends: dict[TopicPartition, Watermarks], cursors:
     starts = start_offsets(ends, covered, spec.start if not cursors else "earliest")
     offsets = sum(max(0, wm.high - starts[tp]) for tp, wm in ends.items())
     state = (tuple(sorted((tp, wm.high) for tp, wm in ends.items())), tuple(sorted(covered.items())))
-    return Pending(offsets, unfinished.batch_id if unfinished is not None else None, not cursors, state)
+    return Pending(offsets, unfinished.batch_id if unfinished is not None else None, not cursors, state, staging)
 
 
 class NewDataProbe:
@@ -106,8 +112,9 @@ class NewDataProbe:
 
     def look(self) -> Pending:
         from ledgerbatch.errors import LedgerbatchError
-        from ledgerbatch.ledger.batches import get_batch, open_live_batch_id
+        from ledgerbatch.ledger.batches import attempt_held, get_batch, open_live_batch_id
         from ledgerbatch.ledger.cursors import get_cursors
+        from ledgerbatch.stage.lease import LEASE_S
 
         with self._lock:
             if self._closed:
@@ -116,8 +123,9 @@ class NewDataProbe:
             with self.engine.connect() as conn:
                 open_id = open_live_batch_id(conn, self.spec.name)
                 unfinished = get_batch(conn, open_id) if open_id is not None else None
-                cursors = get_cursors(conn, self.spec.name)
-        return pending(self.spec, ends, cursors, unfinished)
+                staging = open_id is not None and attempt_held(conn, open_id, LEASE_S)
+                cursors = {tp: o for tp, o in get_cursors(conn, self.spec.name).items() if tp[0] in self.spec.topics}
+        return pending(self.spec, ends, cursors, unfinished, staging)
 
     def close(self) -> None:
         with self._lock:
@@ -135,8 +143,13 @@ class NewDataTrigger(BaseEventTrigger):
     It looks every `poll_interval` seconds and fires once per state: again only when the end offsets or the
     offsets covered (cursors, unfinished batch) have changed since it last fired. A run that planned all there
     was covers it, so the trigger stays quiet; a run that planned one batch of several (`max_records`) leaves
-    offsets uncovered and the trigger fires for the next. An unfinished batch alone fires only on the first
-    look (after a triggerer restart), so that a batch left behind is resumed.
+    offsets uncovered and the trigger fires for the next. An unfinished batch alone fires on the first look
+    (after a triggerer restart), so that a batch left behind is resumed.
+
+    A run it started can fail without delivering (its plan failed, or its batch failed and waits unfinished):
+    while something is left to deliver, it fires again `refire_after` seconds after its last event, doubling
+    the wait each time (up to an hour) until new offsets arrive, and never while an attempt of the unfinished
+    batch is being staged (its lease is live).
 
     :param pipeline: Name of the pipeline spec, `<pipelines_dir>/<pipeline>.yaml`.
     :param pipelines_dir: Directory of the pipeline specs.
@@ -144,17 +157,23 @@ class NewDataTrigger(BaseEventTrigger):
     :param kafka_conn_id: Connection whose extra holds the librdkafka settings (see KafkaConfigHook),
         defaults to "ledgerbatch_kafka".
     :param poll_interval: Seconds between two looks, defaults to 5.
+    :param refire_after: Seconds before firing again for a state nothing has delivered, doubled each time,
+        defaults to 60.
     """
+
+    MAX_REFIRE_S = 3600.0
 
     def __init__(self, *, pipeline: str, pipelines_dir: str | Path,
                  ledger_conn_id: str = LedgerHook.default_conn_name,
-                 kafka_conn_id: str = KafkaConfigHook.default_conn_name, poll_interval: float = 5.0):
+                 kafka_conn_id: str = KafkaConfigHook.default_conn_name, poll_interval: float = 5.0,
+                 refire_after: float = 60.0):
         super().__init__()
         self.pipeline = pipeline
         self.pipelines_dir = str(pipelines_dir)
         self.ledger_conn_id = ledger_conn_id
         self.kafka_conn_id = kafka_conn_id
         self.poll_interval = float(poll_interval)
+        self.refire_after = float(refire_after)
         self._probe: NewDataProbe | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -164,6 +183,7 @@ class NewDataTrigger(BaseEventTrigger):
             "ledger_conn_id": self.ledger_conn_id,
             "kafka_conn_id": self.kafka_conn_id,
             "poll_interval": self.poll_interval,
+            "refire_after": self.refire_after,
         })
 
     def _open_probe(self) -> NewDataProbe:
@@ -182,6 +202,7 @@ class NewDataTrigger(BaseEventTrigger):
 
         self._probe = await sync_to_async(self._open_probe)()  # hooks read connections: as the providers do
         fired: tuple | None = None
+        fired_at, backoff = 0.0, self.refire_after
         first = True
         while True:
             try:
@@ -191,13 +212,22 @@ class NewDataTrigger(BaseEventTrigger):
                                  self.poll_interval, exc)
                 await asyncio.sleep(self.poll_interval)
                 continue
-            # New offsets (or a pipeline that never ran), once per state; an unfinished batch only on the first
-            # look (a triggerer restart): while a run delivers it, firing would only queue an idle run.
-            if ((found.offsets or found.never_ran) and found.state != fired) or (first and found.unfinished is not None):
-                fired = found.state
-                self.log.info("%s: %s", self.pipeline, found.reason)
-                yield TriggerEvent({"pipeline": self.pipeline, "pending_offsets": found.offsets,
-                                    "reason": found.reason})
+            # New offsets (or a pipeline that never ran), once per state; an unfinished batch on the first look
+            # (a triggerer restart). The same state again only after a backoff, and never while an attempt is
+            # staged: the run it started failed without delivering.
+            now = asyncio.get_running_loop().time()
+            new = ((found.offsets or found.never_ran) and found.state != fired) or (first and found.unfinished is not None)
+            stalled = fired is not None and found.waiting and not found.staging and now - fired_at >= backoff
+            if new or stalled:
+                reason = found.reason or f"batch {found.unfinished} is unfinished"
+                if stalled:
+                    reason += f"; nothing was delivered {now - fired_at:.0f}s after the last event"
+                    backoff = min(2 * backoff, self.MAX_REFIRE_S)
+                else:
+                    backoff = self.refire_after
+                fired, fired_at = found.state, now
+                self.log.info("%s: %s", self.pipeline, reason)
+                yield TriggerEvent({"pipeline": self.pipeline, "pending_offsets": found.offsets, "reason": reason})
             first = False
             await asyncio.sleep(self.poll_interval)
 

@@ -1,4 +1,5 @@
-"""The target table's shape: its columns and lineage, existence, and evolution to the spec's columns (evolve.py)."""
+"""The target table's shape: its columns and lineage, existence, and evolution to the spec's columns
+(evolve.py)."""
 from __future__ import annotations
 
 import logging
@@ -21,6 +22,14 @@ def target_defs(spec: PipelineSpec) -> Fragment:
     """A target's columns: the spec's, then the lineage, which is never NULL."""
     lineage = [f"{quote_ident(c.name)} {c.pg_type} NOT NULL" for c in LINEAGE]
     return Fragment(",\n    ".join([column_defs(spec)] + lineage))
+
+
+def lock_target(conn: Connection, spec: PipelineSpec) -> None:
+    """Order every commit into the pipeline's target for the rest of the transaction (a transaction-level
+    advisory lock on the table's name). A live commit, a replay and a backfill each decide what to write
+    from what the target holds; only one at a time may decide and write, or a replay could act on a
+    target row that a live commit beside it is replacing."""
+    conn.execute(text(query("target_lock")), {"target": f"{spec.target_schema}.{spec.target_table}"})
 
 
 def table_exists(conn: Connection, schema: str, table: str) -> bool:

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.commit.modes.catalog import mode_for
+from ledgerbatch.commit.target import lock_target
 from ledgerbatch.errors import FencedError, LedgerbatchError, ReconcileError
 from ledgerbatch.faults import crash_point, terminate_point
-from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_committed, mark_failed
+from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_committed, mark_failed, record_replaced
 from ledgerbatch.ledger.cursors import advance_cursor, range_kind
 from ledgerbatch.ledger.quarantine import clear_quarantine, quarantine_staged
 from ledgerbatch.model.batch import BatchKind, BatchStatus, RangeRefused
@@ -62,7 +63,9 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
 def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None) -> CommitResult:
     started = time.monotonic()
     with engine.begin() as conn:
-        # 1. Lock the batch; every other committer of it waits here.
+        # 1. Take the target, then the batch: commits into one target (live, replay, backfill, any batch of
+        #    the pipeline) run one after the other; every other committer of this batch waits here.
+        lock_target(conn, spec)
         batch = get_batch(conn, batch_id, for_update=True)
         if batch.pipeline != spec.name:
             raise LedgerbatchError(f"batch {batch_id} belongs to pipeline {batch.pipeline}, not {spec.name}")
@@ -123,9 +126,10 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             #    clears what earlier deliveries of its ranges quarantined.
             mode = mode_for(spec)
             mode.ensure_target(conn, spec)
-            mode.publish(conn, spec, batch)
+            removed = mode.publish(conn, spec, batch) or 0
             if batch.kind != BatchKind.LIVE:
-                clear_quarantine(conn, batch_id)
+                removed += clear_quarantine(conn, batch_id)
+                record_replaced(conn, batch_id, removed)
             quarantined = quarantine_staged(conn, bad_name(batch.staging_table), batch_id, spec.name)
             if quarantined != recorded.rows_quarantined:
                 raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")

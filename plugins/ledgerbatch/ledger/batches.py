@@ -70,14 +70,29 @@ def pin_spec_version(conn: Connection, batch_id: int, pipeline: str, version: st
     return run(conn, "pin_spec_version", {"batch_id": batch_id, "version": version}).scalar_one()
 
 
-def begin_attempt(conn: Connection, batch_id: int, output_schema: str | None = None) -> int:
+def begin_attempt(conn: Connection, batch_id: int, output_schema: str | None = None,
+                  lease_s: float = 0.0) -> int | None:
     """Take ownership of an unfinished batch; earlier attempts are fenced from now on. A query
-    transform's output columns (`output_schema`) are fixed for the attempt here."""
-    attempt = run(conn, "begin_attempt", {"batch_id": batch_id, "output_schema": output_schema}).scalar_one_or_none()
+    transform's output columns (`output_schema`) are fixed for the attempt here. None while another
+    attempt is staged under a lease renewed within `lease_s` seconds (stage/lease.py), or once another
+    runner has committed the batch."""
+    attempt = run(conn, "begin_attempt", {"batch_id": batch_id, "output_schema": output_schema,
+                                          "lease_s": lease_s}).scalar_one_or_none()
     if attempt is None:
         status = get_batch(conn, batch_id).status
+        if status == BatchStatus.COMMITTED or attempt_held(conn, batch_id, lease_s):
+            return None
         raise FencedError(f"batch {batch_id} is {status}: there is nothing left to process")
     return attempt
+
+
+def attempt_held(conn: Connection, batch_id: int, lease_s: float) -> bool:
+    return bool(run(conn, "attempt_held", {"batch_id": batch_id, "lease_s": lease_s}).scalar_one())
+
+
+def renew_lease(conn: Connection, batch_id: int, attempt: int) -> bool:
+    """False once the attempt no longer owns the batch unstaged (staged, fenced or finished)."""
+    return run(conn, "renew_lease", {"batch_id": batch_id, "attempt": attempt}).rowcount == 1
 
 
 def staged_mark_statements() -> StagedMarkStatements:
@@ -147,6 +162,17 @@ def mark_committed(conn: Connection, batch_id: int) -> None:
     run(conn, "mark_ranges_committed", {"batch_id": batch_id})
     run(conn, "mark_committed", {"batch_id": batch_id})
     run(conn, "forget_staged_reads", {"batch_id": batch_id})
+
+
+def record_replaced(conn: Connection, batch_id: int, records: int) -> None:
+    """A replay's commit: target rows and quarantined records of earlier deliveries it removed (append
+    targets; `verify` counts with it)."""
+    run(conn, "record_replaced", {"batch_id": batch_id, "records": records})
+
+
+def newest_committed_batch(conn: Connection, pipeline: str) -> int | None:
+    """The highest id among the pipeline's committed batches (any kind)."""
+    return run(conn, "newest_committed_batch", {"pipeline": pipeline}).scalar_one()
 
 
 def known_pipelines(conn: Connection) -> list[str]:

@@ -1,4 +1,5 @@
-"""Cursors and what Kafka said: where each partition of a pipeline stands, compare-and-set moves, end offsets, lost ranges."""
+"""Cursors and what Kafka said: where each partition of a pipeline stands, compare-and-set moves, end
+offsets, lost ranges."""
 from __future__ import annotations
 
 from sqlalchemy.engine import Connection

@@ -1,11 +1,13 @@
-"""Inspection: what `status`, `verify` and the demo's reports read from the ledger (sql/queries/ledger_status.sql, ledger_verify.sql)."""
+"""Inspection: what `status`, `verify` and the demo's reports read from the ledger
+(sql/queries/ledger_status.sql, ledger_verify.sql)."""
 from __future__ import annotations
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.sql import run
-from ledgerbatch.sqlfiles import query
+from ledgerbatch.sqlfiles import Fragment, query
 
 
 def partition_status(conn: Connection, pipeline: str) -> list:
@@ -38,9 +40,6 @@ def target_violations(conn: Connection, pipeline: str, schema: str, table: str, 
 def deleted_key_violations(conn: Connection, pipeline: str, target: dict, deletes: str, key) -> list[str]:
     """A change pipeline's target and its deleted keys (ledger_deletes): every deleted key's delete comes
     from a committed batch inside a committed range, and no key is both a row and deleted."""
-    from ledgerbatch.identifiers import quote_ident
-    from ledgerbatch.sqlfiles import Fragment
-
     problems = target_violations(conn, pipeline, "ledger_deletes", deletes, False)
     match = Fragment(" AND ".join(f"t.{quote_ident(k)} = d.{quote_ident(k)}" for k in key))
     key_t = Fragment(", ".join(f"t.{quote_ident(k)}" for k in key))

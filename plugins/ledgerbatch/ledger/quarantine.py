@@ -11,9 +11,9 @@ def quarantine_staged(conn: Connection, bad_table: str, batch_id: int, pipeline:
     return run(conn, "insert_quarantine", {"batch_id": batch_id, "pipeline": pipeline}, bad=bad_table).rowcount
 
 
-def clear_quarantine(conn: Connection, batch_id: int) -> None:
-    """A replay replaces what earlier deliveries of its ranges quarantined."""
-    run(conn, "delete_quarantine_in_ranges", {"batch_id": batch_id})
+def clear_quarantine(conn: Connection, batch_id: int) -> int:
+    """A replay replaces what earlier deliveries of its ranges quarantined; returns how many it removed."""
+    return run(conn, "delete_quarantine_in_ranges", {"batch_id": batch_id}).rowcount
 
 
 def quarantined_count(conn: Connection, pipeline: str) -> int:

@@ -58,7 +58,9 @@ def check_cursors(partitions: dict[TopicPartition, Watermarks], cursors: dict[To
     """A cursor outside the log means lost data or a recreated topic: never skip it silently."""
     for tp, pos in sorted(cursors.items()):
         if tp not in partitions:
-            raise LedgerbatchError(f"{tp[0]}[{tp[1]}] has a cursor in the ledger but no longer exists in Kafka")
+            raise LedgerbatchError(f"{tp[0]}[{tp[1]}] has a cursor in the ledger but no longer exists in Kafka: if the "
+                                   f"topic is retired, remove it from the spec's source.topics (its cursors stay in "
+                                   f"the ledger, unused)")
         wm = partitions[tp]
         if pos < wm.low:
             raise DataLossError(

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledgerbatch.errors import ReconcileError
+from ledgerbatch.errors import OVER_BUDGET, ReconcileError
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ def check_error_budget(counts: Counts, policy: str, max_ratio: float) -> None:
         raise ReconcileError(f"{bad} of {read} records are bad and errors.policy is fail")
     if read and bad / read > max_ratio:
         raise ReconcileError(
-            f"{bad} of {read} records are bad ({bad / read:.1%}), more than errors.max_ratio {max_ratio:.1%}"
+            f"{bad} of {read} records are bad ({bad / read:.1%}), {OVER_BUDGET} {max_ratio:.1%}"
         )
 
 

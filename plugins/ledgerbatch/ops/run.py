@@ -111,9 +111,6 @@ def run_replay(engine: Engine, spec: PipelineSpec, request: ReplayRequest, db_ur
                spark_factory, dry_run: bool) -> ReplayOutcome:
     """What the backfill DAG does, in one process: plan the replay or backfill batch, stage it, then
     commit it or (dry run) report the diff and abandon it. The live cursors never move."""
-    from ledgerbatch.commit.transaction import commit_batch
-    from ledgerbatch.stage.process import process_batch
-
     batch = plan_replay(engine, spec, resolve_ranges(spec, bootstrap_servers, request))
     batch = process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
     if dry_run:

@@ -1,4 +1,5 @@
-"""`ledgerbatch verify`: the exactly-once invariants of one pipeline, checked with SQL (sql/queries/ledger_verify.sql)."""
+"""`ledgerbatch verify`: the exactly-once invariants of one pipeline, checked with SQL
+(sql/queries/ledger_verify.sql)."""
 from __future__ import annotations
 
 from sqlalchemy.engine import Engine

@@ -1,6 +1,8 @@
 """Planning: the next batch's ranges from the ledger's cursors and Kafka's read_committed end offsets.
 
-An unfinished batch is always resumed with its same ranges, never re-planned.
+An unfinished batch is resumed with its same ranges, never re-planned, with one exception: a batch that
+failed `errors.max_ratio` is abandoned and its offsets planned again, with whatever arrived since. Its
+ratio was the batch boundary's doing (one bad record alone is 100% bad); resuming it would fail forever.
 """
 from __future__ import annotations
 
@@ -8,9 +10,17 @@ import logging
 
 from sqlalchemy.engine import Engine
 
-from ledgerbatch.ledger.batches import get_batch, insert_batch, lock_pipeline, open_live_batch_id, pin_spec_version
+from ledgerbatch.errors import OVER_BUDGET
+from ledgerbatch.ledger.batches import (
+    get_batch,
+    insert_batch,
+    lock_pipeline,
+    mark_abandoned,
+    open_live_batch_id,
+    pin_spec_version,
+)
 from ledgerbatch.ledger.cursors import get_cursors, init_cursors, record_end_offsets
-from ledgerbatch.model.batch import Batch, BatchKind
+from ledgerbatch.model.batch import Batch, BatchKind, BatchStatus
 from ledgerbatch.model.ranges import TopicPartition, Watermarks, plan_ranges, start_offsets
 from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -24,8 +34,10 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
         open_id = open_live_batch_id(conn, spec.name)
         if open_id is not None:
             batch = get_batch(conn, open_id)
-            log.info("resuming batch %d (%s, attempt %d) with its planned ranges", open_id, batch.status, batch.attempt)
-            return batch
+            if not over_budget(batch):
+                log.info("resuming batch %d (%s, attempt %d) with its planned ranges", open_id, batch.status,
+                         batch.attempt)
+                return batch
     ends = kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
     return plan_from(engine, spec, ends)
 
@@ -35,9 +47,15 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         lock_pipeline(conn, spec.name)
         record_end_offsets(conn, spec.name, ends)
         open_id = open_live_batch_id(conn, spec.name)
-        if open_id is not None:  # another planner got here first
-            return get_batch(conn, open_id)
-        cursors = get_cursors(conn, spec.name)
+        if open_id is not None:  # another planner got here first, or a batch over its error budget
+            batch = get_batch(conn, open_id)
+            if not over_budget(batch):
+                return batch
+            mark_abandoned(conn, open_id, f"planned again with what arrived since: {batch.error}")
+            log.warning("batch %d failed errors.max_ratio (%s): abandoned, its offsets are planned again",
+                        open_id, batch.error)
+        # Cursors of a topic the spec no longer reads stay in the ledger, unused (its history stays explained).
+        cursors = {tp: o for tp, o in get_cursors(conn, spec.name).items() if tp[0] in spec.topics}
         # A new pipeline starts where the spec says; partitions added later start at their log start.
         starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest")
         ranges = plan_ranges(ends, starts, spec.max_records)
@@ -49,3 +67,7 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         batch = get_batch(conn, batch_id)
     log.info("planned batch %d: %d offsets in %d ranges", batch_id, batch.span, len(ranges))
     return batch
+
+
+def over_budget(batch: Batch) -> bool:
+    return batch.status == BatchStatus.FAILED and OVER_BUDGET in (batch.error or "")

@@ -1,4 +1,5 @@
-"""Shipping the package to executors (a zip on --py-files, addPyFile or a Connect artifact) and registering its data sources."""
+"""Shipping the package to executors (a zip on --py-files, addPyFile or a Connect artifact) and registering
+its data sources."""
 from __future__ import annotations
 
 import tempfile

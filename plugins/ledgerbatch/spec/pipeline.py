@@ -89,7 +89,27 @@ def load_spec(pipelines_dir: Path, name: str) -> PipelineSpec:
     spec = parse_spec_file(path)
     if spec.name != name:
         raise SpecError(f"{path}: name {spec.name!r} does not match the file name {name!r}")
+    _check_target_is_its_own(Path(pipelines_dir), spec)
     return spec
+
+
+def _check_target_is_its_own(pipelines_dir: Path, spec: PipelineSpec) -> None:
+    """One pipeline per target table: a replay replaces rows by source coordinates, `verify` accounts for
+    every row, and an upsert decides by the key's last delivery, each of them as if the pipeline alone
+    wrote the table. (Another spec that does not parse is its own loader's problem, not this one's.)"""
+    mine = (spec.target_schema, spec.target_table)
+    for other in sorted(pipelines_dir.glob("*.yaml")):
+        if other.stem == spec.name:
+            continue
+        try:
+            doc = yaml.safe_load(other.read_text())
+            theirs = qualified(doc["target"]["table"], "target.table")
+        except Exception:  # noqa: BLE001
+            continue
+        if theirs == mine:
+            raise SpecError(f"pipelines {spec.name} and {other.stem} both write {'.'.join(mine)}: a target table "
+                            f"belongs to one pipeline (replays, upserts and verify assume it alone writes it); "
+                            f"give each its own table")
 
 
 def list_specs(pipelines_dir: Path) -> list[PipelineSpec]:

@@ -1,4 +1,5 @@
-"""One attempt's staging as every task sees it: the job (pickled to executors) and the table it stages into."""
+"""One attempt's staging as every task sees it: the job (pickled to executors) and the table it stages
+into."""
 from __future__ import annotations
 
 import base64

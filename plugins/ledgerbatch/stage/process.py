@@ -9,7 +9,15 @@ import time
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.config import libpq_dsn
-from ledgerbatch.errors import FENCED, OFFSETS_LOST, BatchFailedError, DataLossError, FencedError, ReconcileError
+from ledgerbatch.errors import (
+    FENCED,
+    OFFSETS_LOST,
+    OVER_BUDGET,
+    BatchFailedError,
+    DataLossError,
+    FencedError,
+    ReconcileError,
+)
 from ledgerbatch.formats.schema import schema_ddl
 from ledgerbatch.ledger.batches import begin_attempt, get_batch, mark_failed, pin_spec_version, staged_mark_statements
 from ledgerbatch.model.batch import Batch, BatchStatus
@@ -19,6 +27,7 @@ from ledgerbatch.spec.pipeline import PipelineSpec, check_version
 from ledgerbatch.stage import transform
 from ledgerbatch.stage.driver import stage_batch
 from ledgerbatch.stage.job import StagingJob
+from ledgerbatch.stage.lease import LEASE_S, AttemptLease, wait_for_holder
 from ledgerbatch.stage.tables import bad_name, drop_staging_quietly, open_staging, output_order
 
 log = logging.getLogger(__name__)
@@ -39,10 +48,16 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     # A query transform is analysed before anything is read: its output is the target's shape.
     output = transform.output_columns(spark, spec) if spec.query is not None else None
     target = transform.output_spec(spec, output) if output is not None else spec
-    with engine.begin() as conn:
-        attempt = begin_attempt(conn, batch_id, schema_ddl(output) if output is not None else None)
-        batch = get_batch(conn, batch_id)
-        table = open_staging(conn, target, batch_id, attempt, libpq_dsn(db_url))
+    while True:
+        with engine.begin() as conn:
+            attempt = begin_attempt(conn, batch_id, schema_ddl(output) if output is not None else None, LEASE_S)
+            if attempt is not None:
+                batch = get_batch(conn, batch_id)
+                table = open_staging(conn, target, batch_id, attempt, libpq_dsn(db_url))
+                break
+        batch = wait_for_holder(engine, batch_id)  # another runner stages it: never fence a live attempt
+        if batch.status in (BatchStatus.STAGED, BatchStatus.COMMITTED):
+            return batch
     staging = table.name
     log.info("batch %d attempt %d: reading %d offsets from %d ranges into ledger_staging.%s",
              batch_id, attempt, batch.span, len(batch.ranges), staging)
@@ -57,7 +72,8 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         changes=spec.changes,
     )
     try:
-        stage_batch(spark, engine, spec, job, db_url)
+        with AttemptLease(engine, batch_id, attempt):
+            stage_batch(spark, engine, spec, job, db_url)
     except Exception as exc:
         reason = spark_error_reason(exc)
         with engine.begin() as conn:
@@ -84,8 +100,9 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             mark_failed(conn, batch_id, attempt, str(exc))
         raise BatchFailedError(
             f"batch {batch_id} failed, nothing committed: {exc}. The bad records are in "
-            f"ledger_staging.{bad_name(staging)}; fix the data or the spec's errors section "
-            f"and run again"
+            f"ledger_staging.{bad_name(staging)}. "
+            + ("The next run plans these offsets again with the records that arrived since" if OVER_BUDGET in str(exc)
+               else "Fix the data or the spec's errors section and run again")
         ) from None
     log.info("batch %d staged: %d records read, %d rows, %d deleted, %d skipped, %d filtered, %d bad%s (%.1fs)",
              batch_id, counts.records_read, counts.rows_written, batch.rows_deleted, batch.records_skipped,

@@ -1,4 +1,5 @@
-"""The staging sink: a PySpark Python Data Source writer that stages a DataFrame (per-column or query transforms)."""
+"""The staging sink: a PySpark Python Data Source writer that stages a DataFrame (per-column or query
+transforms)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

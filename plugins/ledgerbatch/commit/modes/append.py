@@ -14,6 +14,7 @@ from ledgerbatch.commit.modes.base import TargetMode, target_names
 from ledgerbatch.commit.modes.partitions import Partition, plan_publish
 from ledgerbatch.commit.target import target_defs
 from ledgerbatch.errors import SpecError
+from ledgerbatch.ledger.batches import newest_committed_batch
 from ledgerbatch.model.batch import Batch, BatchKind
 from ledgerbatch.model.ranges import range_arrays
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -32,19 +33,21 @@ class Append(TargetMode):
     def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
         conn.execute(text(query("create_target_append", defs=target_defs(spec), **target_names(spec))))
 
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> int:
         target = target_names(spec)
         staging, batch_id = batch.staging_table, batch.batch_id
+        removed = 0
         if batch.kind != BatchKind.LIVE:
-            conn.execute(text(query("delete_target_in_ranges", **target)), range_arrays(batch.ranges))
+            removed = conn.execute(text(query("delete_target_in_ranges", **target)), range_arrays(batch.ranges)).rowcount
         layout = conn.execute(text(query("target_layout")), target).one()
         plan = None  # a target created before targets were partitioned only takes copies
         if layout.partitioned:
             existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
-            plan = plan_publish(batch_id, batch.rows_written, existing, partitions.ATTACH_MIN_ROWS)
+            plan = plan_publish(batch_id, batch.rows_written, existing, partitions.ATTACH_MIN_ROWS,
+                                newest_committed_batch(conn, spec.name))
         if plan is None or not plan.attach:
             conn.execute(text(query("insert_append", staging=staging, columns=column_names(spec), **target)))
-            return
+            return removed
         if not layout.can_attach:
             raise SpecError(f"target {spec.target_schema}.{spec.target_table}: this login may not add partitions to "
                             f"it: it must own the table (or be a member of its owner role) and may CREATE in its schema")
@@ -55,6 +58,7 @@ class Append(TargetMode):
         upper = Fragment("MAXVALUE" if plan.upper is None else str(int(plan.upper)))
         conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
                                 upper=upper, **target)), {"batch_id": batch_id})
+        return removed
 
 
 def _align_staging(conn: Connection, target: dict, staging: str) -> None:

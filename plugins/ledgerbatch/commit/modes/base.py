@@ -30,8 +30,10 @@ class TargetMode(ABC):
         """CREATE TABLE IF NOT EXISTS in this mode's shape."""
 
     @abstractmethod
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
-        """Move the batch's staged good rows (ledger_staging.<batch.staging_table>) into the target."""
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> int | None:
+        """Move the batch's staged good rows (ledger_staging.<batch.staging_table>) into the target. Where
+        rows match records (`rows_match_records`), a replay returns how many rows of earlier deliveries of
+        its ranges it removed, for `verify`'s count."""
 
     def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
         """A staged replay against the target, as (added, removed, changed, unchanged) rows."""

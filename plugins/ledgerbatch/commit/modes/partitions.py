@@ -31,11 +31,16 @@ class Publish:
     close: Partition | None = None
 
 
-def plan_publish(batch_id: int, rows: int, partitions: list[Partition], min_rows: int = ATTACH_MIN_ROWS) -> Publish:
+def plan_publish(batch_id: int, rows: int, partitions: list[Partition], min_rows: int = ATTACH_MIN_ROWS,
+                 newest_committed: int | None = None) -> Publish:
+    """`newest_committed`: the pipeline's highest committed batch id. A replay planned after a live batch may
+    commit before it, and its rows then sit in the open partition above this batch's id: closing that
+    partition at this id would refuse them, so the batch is copied instead."""
     covering = next((p for p in partitions if p.covers(batch_id)), None)
     if covering is None:  # e.g. the first batch, or a batch planned before the newest partition
         later = [p.lower for p in partitions if p.lower > batch_id]
         return Publish(attach=True, upper=min(later) if later else None)
-    if covering.upper is None and covering.lower < batch_id and rows >= min_rows:
+    if (covering.upper is None and covering.lower < batch_id and rows >= min_rows
+            and (newest_committed is None or newest_committed < batch_id)):
         return Publish(attach=True, close=covering)
     return Publish(attach=False)

@@ -1,5 +1,6 @@
 """`mode: upsert`: one row per key; within a batch the highest offset wins, across batches the later
-batch. A replay replaces only rows whose value came from its ranges: newer values are kept.
+batch. A replay replaces only rows whose value came from its ranges: newer values are kept; a row from its
+ranges of a key it gives no row any more (the record is now bad or filtered) is removed.
 
 Change pipelines (`format: debezium`, `target.deletes: true`) stage changes: a key's last change in the
 batch upserts or deletes its row. The last delete of each deleted key is kept in
@@ -42,19 +43,26 @@ class Upsert(TargetMode):
         set_list = Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
         if spec.changes:
             return self._publish_changes(conn, spec, batch, set_list)
+        if batch.kind != BatchKind.LIVE:
+            conn.execute(text(query("replay_drop_stale", staging=batch.staging_table, match_t=_match("t", spec.key),
+                                    **target_names(spec))), range_arrays(batch.ranges))
         sql = query("insert_upsert" if batch.kind == BatchKind.LIVE else "replay_upsert", key=list(spec.key),
                     set_list=set_list, staging=batch.staging_table, columns=column_names(spec),
                     **target_names(spec))
         conn.execute(text(sql), range_arrays(batch.ranges))
 
     def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
-        """A change pipeline's dry run counts what its winning changes would do: upserts add or change
-        rows (or leave them unchanged), deletes remove them."""
+        """A dry run by key, as the replay would decide: a change pipeline's winning changes add or change
+        rows (or leave them unchanged), its deletes remove them; a plain pipeline's last row per key does,
+        and rows of the ranges whose key it no longer gives are removed."""
+        columns = column_names(spec)
         if not spec.changes:
-            return super().diff(conn, spec, batch)
+            return conn.execute(text(query("upsert_replay_diff", key=list(spec.key), staging=batch.staging_table,
+                                           columns_c=prefixed("c", columns), columns_t=prefixed("t", columns),
+                                           match_t=_match("t", spec.key), **target_names(spec))),
+                                range_arrays(batch.ranges)).one()
         names = self._change_names(spec, batch, Fragment(""))
         conn.execute(text(query("last_changes", **names)), {"live": False, **range_arrays(batch.ranges)})
-        columns = column_names(spec)
         diff = conn.execute(text(query("changes_diff", columns_c=prefixed("c", columns),
                                        columns_t=prefixed("t", columns), **names))).one()
         conn.execute(text(query("drop_last_changes")))
@@ -72,6 +80,8 @@ class Upsert(TargetMode):
         """Each key's last change that wins (last_changes) deletes or upserts its row, and moves the key
         out of or into the pipeline's deletes."""
         names = Upsert._change_names(spec, batch, set_list)
+        if batch.kind != BatchKind.LIVE:
+            conn.execute(text(query("replay_drop_stale_changes", **names)), range_arrays(batch.ranges))
         conn.execute(text(query("last_changes", **names)),
                      {"live": batch.kind == BatchKind.LIVE, **range_arrays(batch.ranges)})
         for step in ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes", "drop_last_changes"):

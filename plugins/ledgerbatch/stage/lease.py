@@ -1,0 +1,68 @@
+"""Attempt leases: one runner stages a batch at a time, and a dead or frozen one is taken over.
+
+The process staging an attempt renews its lease (ledger.batches.heartbeat_at) every LEASE_S / 3 seconds
+while its tasks run. Another runner that comes for the batch meanwhile (two `run --follow`, a CLI run
+beside an Airflow task) waits for that attempt to finish instead of starting a new attempt that would
+fence it, and after it the two fight over nothing: the batch is staged or committed. A lease not
+renewed for LEASE_S seconds belongs to a process that died or froze (SIGSTOP, a paused VM): the next
+runner begins a new attempt, and the old one is fenced at its mark and at the commit as before.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy.engine import Engine
+
+from ledgerbatch.ledger.batches import attempt_held, get_batch, renew_lease
+from ledgerbatch.model.batch import Batch
+
+log = logging.getLogger(__name__)
+LEASE_S = 15.0
+WAIT_POLL_S = 1.0
+
+
+class AttemptLease:
+    """`with AttemptLease(engine, batch_id, attempt):` renews the attempt's lease from a thread until the
+    block ends (or the attempt no longer owns the batch unstaged)."""
+
+    def __init__(self, engine: Engine, batch_id: int, attempt: int, every_s: float = LEASE_S / 3):
+        self.engine, self.batch_id, self.attempt, self.every_s = engine, batch_id, attempt, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"lease-b{batch_id}-a{attempt}", daemon=True)
+
+    def __enter__(self) -> AttemptLease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                with self.engine.begin() as conn:
+                    if not renew_lease(conn, self.batch_id, self.attempt):
+                        return
+            except Exception as exc:  # noqa: BLE001  (the database away: the lease may lapse, fencing stays safe)
+                log.warning("batch %d attempt %d: cannot renew its lease: %s", self.batch_id, self.attempt, exc)
+
+
+def wait_for_holder(engine: Engine, batch_id: int, lease_s: float = LEASE_S) -> Batch:
+    """Wait while another attempt stages the batch under a live lease; returns the batch as it is then
+    (staged or committed by the holder, or unstaged with a lapsed lease: the caller takes it over)."""
+    started, said = time.monotonic(), False
+    while True:
+        with engine.connect() as conn:
+            if not attempt_held(conn, batch_id, lease_s):
+                batch = get_batch(conn, batch_id)
+                if said:
+                    log.info("batch %d is no longer held (%s, attempt %d) after waiting %.1fs", batch_id,
+                             batch.status, batch.attempt, time.monotonic() - started)
+                return batch
+        if not said:
+            log.info("batch %d is being staged by another runner under a live lease: waiting for it", batch_id)
+            said = True
+        time.sleep(WAIT_POLL_S)
