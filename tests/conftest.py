@@ -61,6 +61,16 @@ def broker():
 
 
 @pytest.fixture(scope="session")
+def kafka():
+    """A real Apache Kafka 2.3 (ZooKeeper and one broker on loopback, dev/kafka.py). The broker checks retention
+    every second, so a topic's short retention.ms takes effect within a test."""
+    from ledgerbatch.dev.kafka import LocalKafka
+
+    with LocalKafka(1, {"log.retention.check.interval.ms": "1000", "log.segment.delete.delay.ms": "0"}) as k:
+        yield k
+
+
+@pytest.fixture(scope="session")
 def registry():
     """The dev schema registry (ledgerbatch.devregistry), a real HTTP server for the registry formats."""
     from ledgerbatch.dev.registry import DevRegistry
@@ -81,14 +91,14 @@ def spark():
 class Pipeline:
     """A uniquely named pipeline, topic and target table, with its spec written to a temp pipelines dir."""
 
-    def __init__(self, directory: Path, broker, partitions: int, **overrides):
+    def __init__(self, directory: Path, broker, partitions: int, topic_config: dict | None = None, **overrides):
         n = next(_names)
         self.name = f"p{os.getpid()}_{n}"
         self.topic = f"t_{self.name}"
         self.table = f"target_{self.name}"
         self.dir = directory
         self.partitions = partitions
-        broker.create_topic(self.topic, partitions)
+        broker.create_topic(self.topic, partitions, **({"config": topic_config} if topic_config else {}))
         doc = {
             "name": self.name,
             "source": {"topics": [self.topic], "format": "json",
@@ -117,4 +127,12 @@ class Pipeline:
 def make_pipeline(tmp_path, broker):
     def make(partitions: int = 4, **overrides) -> Pipeline:
         return Pipeline(tmp_path / "pipelines", broker, partitions, **overrides)
+    return make
+
+
+@pytest.fixture
+def make_kafka_pipeline(tmp_path, kafka):
+    """make_pipeline on the real Kafka; `topic_config` sets the topic's configuration (retention, compaction)."""
+    def make(partitions: int = 4, topic_config: dict | None = None, **overrides) -> Pipeline:
+        return Pipeline(tmp_path / "pipelines", kafka, partitions, topic_config, **overrides)
     return make

@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--brokers", type=_positive, default=3)
     broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
                         help="create a topic (repeatable); auto-created topics get 4 partitions")
+    kafka = sub.add_parser("dev-kafka", help="run a real Apache Kafka (ZooKeeper + brokers on loopback) in the foreground")
+    kafka.add_argument("--brokers", type=_positive, default=1)
+    kafka.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
+                       help="create a topic (repeatable; replication min(3, brokers))")
     registry = sub.add_parser("dev-registry", help="run the local Schema Registry (REST subset) in the foreground")
     registry.add_argument("--host", default="127.0.0.1")
     registry.add_argument("--port", type=int, default=8081, help="0: any free port")
@@ -289,6 +293,12 @@ def cmd_dev_broker(args, settings: Settings) -> None:
     serve_forever(args.brokers, dict(args.topic))
 
 
+def cmd_dev_kafka(args, settings: Settings) -> None:
+    from ledgerbatch.dev.kafka import serve_forever
+
+    serve_forever(args.brokers, dict(args.topic))
+
+
 def cmd_dev_registry(args, settings: Settings) -> None:
     from ledgerbatch.dev.registry import serve_forever
 
@@ -313,7 +323,8 @@ def cmd_demo(args, settings: Settings) -> None:
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "replay": cmd_replay, "status": cmd_status, "verify": cmd_verify,
-            "acknowledge-loss": cmd_acknowledge_loss, "abandon": cmd_abandon, "dev-broker": cmd_dev_broker, "dev-registry": cmd_dev_registry,
+            "acknowledge-loss": cmd_acknowledge_loss, "abandon": cmd_abandon, "dev-broker": cmd_dev_broker, "dev-kafka": cmd_dev_kafka,
+            "dev-registry": cmd_dev_registry,
             "spark-server": cmd_spark_server, "demo": cmd_demo}
 
 if __name__ == "__main__":
