@@ -214,7 +214,7 @@ def test_a_trigger_fires_again_after_its_run_failed_with_backoff_never_while_an_
             assert first["reason"].startswith(f"batch {batch.batch_id} is unfinished; nothing was delivered")
             second_at, second = await event(10)
             assert second["reason"].startswith(f"batch {batch.batch_id} is unfinished")
-            assert 1.8 <= second_at - first_at < 3.5  # the wait doubled (1 s, then 2 s)
+            assert 1.8 <= second_at - first_at < 6  # the wait doubled (1 s, then 2 s)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
