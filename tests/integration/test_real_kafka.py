@@ -10,9 +10,17 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from sqlalchemy import text
 
+from ledgerbatch.errors import DataLossError
+from ledgerbatch.ops.run import run_pipeline
+
 from .helpers import assert_exactly_once, cli, end_offsets, order_value, produce
 
 pytestmark = pytest.mark.integration
+
+
+def run(engine, db_url, kafka, spark, p):
+    """`ledgerbatch run` in this process, on the session's warm Spark."""
+    return run_pipeline(engine, p.spec, db_url, kafka.bootstrap_servers, lambda: spark)
 
 
 def delivered_order_ids(engine, p) -> set[str]:
@@ -71,14 +79,14 @@ def test_committed_aborted_and_open_transactions_through_sigkills(engine, db_url
           f"left open during {kills} SIGKILLed runs), {len(aborted)} aborted records never delivered")
 
 
-def test_a_replay_by_time_resolves_timestamps_to_offsets(engine, db_url, kafka, make_kafka_pipeline):
+def test_a_replay_by_time_resolves_timestamps_to_offsets(engine, db_url, kafka, spark, make_kafka_pipeline):
     p = make_kafka_pipeline(partitions=1)
     base = (int(time.time()) - 120) * 1000  # whole seconds, within the topic's retention
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
     for i in range(30):
         producer.produce(p.topic, order_value(i), partition=0, timestamp=base + i * 1000)
     assert producer.flush(30) == 0
-    assert cli(["run", p.name], db_url, kafka.bootstrap_servers, p.dir).returncode == 0
+    run(engine, db_url, kafka, spark, p)
     iso = lambda ms: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))  # noqa: E731
     replay = cli(["replay", p.name, "--from-time", iso(base + 10_000), "--until-time", iso(base + 20_000)],
                  db_url, kafka.bootstrap_servers, p.dir)
@@ -90,11 +98,11 @@ def test_a_replay_by_time_resolves_timestamps_to_offsets(engine, db_url, kafka, 
 
 
 def test_retention_deleting_undelivered_offsets_stops_the_pipeline_until_acknowledged(
-        engine, db_url, kafka, make_kafka_pipeline):
+        engine, db_url, kafka, spark, make_kafka_pipeline):
     p = make_kafka_pipeline(partitions=1, topic_config={"segment.ms": "100"})  # a new segment per round below
     bs = kafka.bootstrap_servers
     first = produce(bs, p.topic, [(0, order_value(i)) for i in range(20)])
-    assert cli(["run", p.name], db_url, bs, p.dir).returncode == 0  # the cursor stands at 20
+    run(engine, db_url, kafka, spark, p)  # the cursor stands at 20
     retention(bs, p.topic, "1000")
     for start in range(20, 520, 100):
         produce(bs, p.topic, [(0, order_value(i)) for i in range(start, start + 100)])
@@ -106,13 +114,12 @@ def test_retention_deleting_undelivered_offsets_stops_the_pipeline_until_acknowl
     retention(bs, p.topic, "-1")  # keep what is left from now on
     low, high = end_offsets(bs, p.topic, 1)[0]
 
-    stuck = cli(["run", p.name], db_url, bs, p.dir)
-    assert stuck.returncode == 1 and "DataLossError" in stuck.stderr, stuck.stderr[-2000:]
+    with pytest.raises(DataLossError, match=r"cursor 20 is before the log start"):
+        run(engine, db_url, kafka, spark, p)
     ack = cli(["acknowledge-loss", p.name, "--by", "alice", "--reason", "retention"], db_url, bs, p.dir)
     assert ack.returncode == 0, ack.stderr[-2000:]
     assert f"recorded lost {p.topic}[0] [20, {low}) ({low - 20} offsets), acknowledged by alice" in ack.stdout
-    done = cli(["run", p.name], db_url, bs, p.dir)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run(engine, db_url, kafka, spark, p)
     with engine.connect() as conn:
         offsets = conn.execute(text(f'SELECT _offset FROM public."{p.table}" ORDER BY 1')).scalars().all()
     assert offsets == [a[1] for a in first] + list(range(low, high))  # nothing else is lost
@@ -127,7 +134,7 @@ def retention(bootstrap: str, topic: str, ms: str) -> None:
         future.result(30)
 
 
-def test_a_zombie_transactional_producer_is_fenced_and_its_records_never_delivered(engine, db_url, kafka,
+def test_a_zombie_transactional_producer_is_fenced_and_its_records_never_delivered(engine, db_url, kafka, spark,
                                                                                      make_kafka_pipeline):
     from confluent_kafka import KafkaException
 
@@ -138,25 +145,24 @@ def test_a_zombie_transactional_producer_is_fenced_and_its_records_never_deliver
     with pytest.raises(KafkaException, match="_FENCED|fenced|Fenced"):
         zombie.commit_transaction(30)
     successor.commit_transaction(30)
-    done = cli(["run", p.name], db_url, bs, p.dir)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run(engine, db_url, kafka, spark, p)
     assert_exactly_once(engine, p, bs, {(a[0], a[1]) for a in acked}, set())
     assert delivered_order_ids(engine, p) == {f"o-{i}" for i in range(100, 110)}
 
 
-def test_a_topic_that_gains_partitions_is_delivered_from_their_start(engine, db_url, kafka, make_kafka_pipeline):
+def test_a_topic_that_gains_partitions_is_delivered_from_their_start(engine, db_url, kafka, spark,
+                                                                       make_kafka_pipeline):
     from confluent_kafka.admin import NewPartitions
 
     p = make_kafka_pipeline(partitions=2)
     bs = kafka.bootstrap_servers
     good = {(a[0], a[1]) for a in produce(bs, p.topic, [(i % 2, order_value(i)) for i in range(20)])}
-    assert cli(["run", p.name], db_url, bs, p.dir).returncode == 0
+    run(engine, db_url, kafka, spark, p)
     admin = AdminClient({"bootstrap.servers": bs})
     admin.create_partitions([NewPartitions(p.topic, 4)])[p.topic].result(30)
     p.partitions = 4
     good |= {(a[0], a[1]) for a in produce(bs, p.topic, [(i % 4, order_value(i)) for i in range(20, 60)])}
-    done = cli(["run", p.name], db_url, bs, p.dir)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run(engine, db_url, kafka, spark, p)
     assert_exactly_once(engine, p, bs, good, set())
     with engine.connect() as conn:
         starts = dict(conn.execute(text("SELECT partition, start_offset FROM ledger.cursors WHERE pipeline = :p"),
@@ -164,7 +170,7 @@ def test_a_topic_that_gains_partitions_is_delivered_from_their_start(engine, db_
     assert starts == {0: 0, 1: 0, 2: 0, 3: 0}
 
 
-def test_a_compacted_topic_has_gaps_inside_ranges_and_upserts_the_latest_value(engine, db_url, kafka,
+def test_a_compacted_topic_has_gaps_inside_ranges_and_upserts_the_latest_value(engine, db_url, kafka, spark,
                                                                                 make_kafka_pipeline):
     p = make_kafka_pipeline(partitions=1, target__mode="upsert", target__key=["order_id"],
                             topic_config={"cleanup.policy": "compact", "segment.ms": "100",
@@ -181,8 +187,7 @@ def test_a_compacted_topic_has_gaps_inside_ranges_and_upserts_the_latest_value(e
     while _records_in(bs, p.topic) >= 61:  # the log cleaner leaves gaps in the offsets
         assert time.monotonic() < deadline, "the log cleaner compacted nothing within 90s"
         time.sleep(1)
-    done = cli(["run", p.name], db_url, bs, p.dir)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run(engine, db_url, kafka, spark, p)
     with engine.connect() as conn:
         rows = dict(conn.execute(text(f'SELECT order_id, amount FROM public."{p.table}"')).all())
         ranges = conn.execute(text("SELECT from_offset, until_offset FROM ledger.batch_ranges WHERE pipeline = :p"),
