@@ -113,9 +113,12 @@ class LocalKafka:
             time.sleep(0.2)
         raise ConfigError(f"Kafka brokers did not all register within {START_TIMEOUT_S:.0f}s (logs in {self.dir})")
 
-    def create_topic(self, name: str, partitions: int, replication: int = 1, config: dict | None = None) -> None:
+    def create_topic(self, name: str, partitions: int, replication: int | None = None,
+                     config: dict | None = None) -> None:
+        """Replication min(3, brokers) unless given."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
+        replication = replication or min(3, len(self.ports))
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
         future = admin.create_topics([NewTopic(name, partitions, replication, config=dict(config or {}))])[name]
         future.result(timeout=30)
@@ -206,6 +209,6 @@ def serve_forever(brokers: int, topics: dict[str, int]) -> None:
         signal.signal(sig, lambda *_: stop.set())
     with LocalKafka(brokers) as kafka:
         for name, partitions in topics.items():
-            kafka.create_topic(name, partitions, min(3, brokers))
+            kafka.create_topic(name, partitions)
         print(kafka.bootstrap_servers, flush=True)
         stop.wait()
