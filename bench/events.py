@@ -19,7 +19,7 @@ import sys
 
 from ledgerbatch.dev.airflow_demo import AirflowStandalone
 from ledgerbatch.config import Settings
-from ledgerbatch.spark.server import free_port
+from ledgerbatch.processes import free_port
 from ledgerbatch.dev.demo import prepare
 
 from .common import count_rows

@@ -1,10 +1,13 @@
-"""Stopping a child that runs in its own process group (a JVM with its Python workers, Airflow with its
-scheduler and triggerer): everything in the group goes, not only the launcher."""
+"""Local child servers (a JVM with its Python workers, Airflow with its scheduler and triggerer, Kafka):
+a free port for one, waiting until it listens, and stopping its process group, everything in the group,
+not only the launcher."""
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import time
 
 
 def stop_group(proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -20,3 +23,24 @@ def stop_group(proc: subprocess.Popen, timeout: float = 60) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, process: subprocess.Popen | None = None, timeout: float = 180,
+                  what: str = "the server") -> None:
+    """Until host:port accepts connections; raises RuntimeError if `process` exits first or the time is up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerbatch.spark.server import free_port
+from ledgerbatch.processes import free_port
 from ledgerbatch.processes import stop_group
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerbatch.spark.server import free_port
+from ledgerbatch.processes import free_port
 
 from .helpers import assert_exactly_once, cli, order_value, produce
 

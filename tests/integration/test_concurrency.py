@@ -25,7 +25,7 @@ from ledgerbatch.stage.lease import LEASE_S, AttemptLease
 from ledgerbatch.stage.process import process_batch
 from ledgerbatch.stage.tables import create_staging, staging_name
 
-from .staged import (Staged, begin, cursors, fill, parked, plan, qrow, quarantine, row, staged_batch,
+from .staged import (Staged, batch, begin, cursors, fill, parked, plan, qrow, quarantine, row, staged_batch,
                      start_commit_in_child, target, wait_for_lock_waiters)
 
 pytestmark = pytest.mark.integration
@@ -153,11 +153,11 @@ def test_a_lone_bad_record_over_the_error_budget_is_planned_again_with_what_arri
     fill(engine, p, begin(engine, p, lone.batch_id), good=[], bad=[(0, 100, "invalid JSON")])
     with pytest.raises(ReconcileError, match="1 of 1 records are bad"):
         commit_batch(engine, p.spec, lone.batch_id)
-    assert get_batch_status(engine, lone.batch_id) == BatchStatus.FAILED
+    assert batch(engine, lone.batch_id).status == BatchStatus.FAILED
     # Nothing new: the same offsets, planned again (a new batch), still over the budget.
     again = plan_from(engine, p.spec, {(p.topic, 0): Watermarks(0, 101)})
     assert again.batch_id != lone.batch_id and [(r.from_offset, r.until_offset) for r in again.ranges] == [(100, 101)]
-    assert get_batch_status(engine, lone.batch_id) == BatchStatus.ABANDONED
+    assert batch(engine, lone.batch_id).status == BatchStatus.ABANDONED
     fill(engine, p, begin(engine, p, again.batch_id), good=[], bad=[(0, 100, "invalid JSON")])
     with pytest.raises(ReconcileError):
         commit_batch(engine, p.spec, again.batch_id)
@@ -177,11 +177,6 @@ def test_policy_fail_is_resumed_with_its_ranges_not_planned_again(engine, make_p
     with pytest.raises(ReconcileError, match="errors.policy is fail"):
         commit_batch(engine, p.spec, s.batch_id)
     assert plan_from(engine, p.spec, {(p.topic, 0): Watermarks(0, 50)}).batch_id == s.batch_id
-
-
-def get_batch_status(engine, batch_id: int) -> BatchStatus:
-    with engine.connect() as conn:
-        return get_batch(conn, batch_id).status
 
 
 # -- 7. a second runner waits for a live attempt instead of fencing it
@@ -261,8 +256,8 @@ def test_a_topic_removed_from_the_spec_keeps_its_cursors_and_blocks_nothing(engi
     doc["source"]["topics"] = [f"{p.topic}_v2"]
     (p.dir / f"{p.name}.yaml").write_text(yaml.safe_dump(doc))
     retired = load_spec(p.dir, p.name)
-    batch = plan_from(engine, retired, {(f"{p.topic}_v2", 0): Watermarks(0, 5)})
-    assert [(r.topic, r.from_offset, r.until_offset) for r in batch.ranges] == [(f"{p.topic}_v2", 0, 5)]
+    planned = plan_from(engine, retired, {(f"{p.topic}_v2", 0): Watermarks(0, 5)})
+    assert [(r.topic, r.from_offset, r.until_offset) for r in planned.ranges] == [(f"{p.topic}_v2", 0, 5)]
     with engine.connect() as conn:  # the retired topic's cursor stays in the ledger
         assert get_cursors(conn, p.name) == {(p.topic, 0): 1, (f"{p.topic}_v2", 0): 0}
 

@@ -3,10 +3,7 @@ committed, aborted and still-open transactions while `ledgerbatch run` is SIGKIL
 to offsets for a replay; retention deleting offsets the pipeline has not delivered."""
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +14,8 @@ from sqlalchemy import text
 from ledgerbatch.errors import DataLossError
 from ledgerbatch.ops.run import run_pipeline
 
-from .helpers import REPO, assert_exactly_once, cli, end_offsets, order_value, produce
+from .helpers import assert_exactly_once, cli, end_offsets, order_value, produce
+from .test_faults import _popen_run
 
 pytestmark = pytest.mark.integration
 
@@ -236,10 +234,7 @@ def test_three_brokers_one_killed_mid_batch_and_restarted_nothing_lost_or_duplic
                                               [(i % 3, order_value(i)) for i in range(3000)])}
         leader = AdminClient({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(
             p.topic, timeout=10).topics[p.topic].partitions[0].leader
-        env = {**os.environ, "LEDGERBATCH_DB_URL": db_url, "LEDGERBATCH_PIPELINES_DIR": str(p.dir),
-               "LEDGERBATCH_SPARK_MASTER": "local[2]", "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap_servers}
-        runner = subprocess.Popen([sys.executable, "-m", "ledgerbatch.cli", "run", p.name], env=env, cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        runner = _popen_run(p, db_url, cluster)
         deadline = time.monotonic() + 120
         while not _attempt_running(engine, p.name):  # the batch is being read
             assert runner.poll() is None and time.monotonic() < deadline, runner.stderr.read()[-2000:]

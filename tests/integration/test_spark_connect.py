@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 def connect_server():
     """`ledgerbatch spark-server` on a free port (master local[2]); its sc:// URL. Stopped (its whole process
     group: the launcher, the server's JVM, its Python workers) afterwards."""
-    from ledgerbatch.spark.server import free_port
+    from ledgerbatch.processes import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ledgerbatch.cli", "spark-server", "--port", str(port),

@@ -124,7 +124,7 @@ class NewDataProbe:
                 open_id = open_live_batch_id(conn, self.spec.name)
                 unfinished = get_batch(conn, open_id) if open_id is not None else None
                 staging = open_id is not None and attempt_held(conn, open_id, LEASE_S)
-                cursors = {tp: o for tp, o in get_cursors(conn, self.spec.name).items() if tp[0] in self.spec.topics}
+                cursors = get_cursors(conn, self.spec.name, self.spec.topics)
         return pending(self.spec, ends, cursors, unfinished, staging)
 
     def close(self) -> None:

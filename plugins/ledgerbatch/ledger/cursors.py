@@ -9,8 +9,11 @@ from ledgerbatch.model.batch import BatchKind, RangeRefused, classify
 from ledgerbatch.model.ranges import OffsetRange, TopicPartition, Watermarks
 
 
-def get_cursors(conn: Connection, pipeline: str) -> dict[TopicPartition, int]:
-    return {(r.topic, r.partition): r.next_offset for r in run(conn, "get_cursors", {"pipeline": pipeline})}
+def get_cursors(conn: Connection, pipeline: str, topics: tuple[str, ...] | None = None) -> dict[TopicPartition, int]:
+    """Every cursor of the pipeline, or those of `topics` (the spec's): a topic removed from the spec keeps
+    its cursors in the ledger, unused, so that its history stays explained."""
+    return {(r.topic, r.partition): r.next_offset for r in run(conn, "get_cursors", {"pipeline": pipeline})
+            if topics is None or r.topic in topics}
 
 
 def init_cursors(conn: Connection, pipeline: str, starts: dict[TopicPartition, int]) -> None:

@@ -54,8 +54,7 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
             mark_abandoned(conn, open_id, f"planned again with what arrived since: {batch.error}")
             log.warning("batch %d failed errors.max_ratio (%s): abandoned, its offsets are planned again",
                         open_id, batch.error)
-        # Cursors of a topic the spec no longer reads stay in the ledger, unused (its history stays explained).
-        cursors = {tp: o for tp, o in get_cursors(conn, spec.name).items() if tp[0] in spec.topics}
+        cursors = get_cursors(conn, spec.name, spec.topics)
         # A new pipeline starts where the spec says; partitions added later start at their log start.
         starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest")
         ranges = plan_ranges(ends, starts, spec.max_records)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from ledgerbatch.processes import stop_group
+from ledgerbatch.processes import free_port, stop_group, wait_for_port
 from ledgerbatch.spark.session import venv_first_on_path
 
 CONNECT_PORT = 15002  # Spark Connect's default port
@@ -54,20 +52,6 @@ def connect_server_env() -> dict[str, str]:
     return {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
 
 
-def wait_for_port(host: str, port: int, process: subprocess.Popen | None = None, timeout: float = 180) -> None:
-    """Until host:port accepts connections; raises if `process` exits first or the time is up."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"the Spark Connect server exited with code {process.returncode} before listening")
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"the Spark Connect server did not listen on {host}:{port} within {timeout:.0f}s")
-
-
 class LocalConnectServer:
     """A Spark Connect server from the wheel as a child in its own process group, listening once built
     (`url`); `close()` stops the group: JVM and Python workers. The demo and the Connect benchmark use it."""
@@ -80,7 +64,7 @@ class LocalConnectServer:
                                      stdout=output, stderr=subprocess.STDOUT if output else None,
                                      start_new_session=True)
         try:
-            wait_for_port(host, self.port, self.proc, timeout)
+            wait_for_port(host, self.port, self.proc, timeout, "the Spark Connect server")
         except BaseException:
             self.close()
             raise
@@ -93,12 +77,6 @@ class LocalConnectServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def serve_connect(port: int = CONNECT_PORT, host: str = "127.0.0.1", master: str = "local[*]") -> int:
