@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmark: databases, the dev broker child, data, the memory sampler, timing."""
+"""Shared pieces of the benchmark: databases, the broker child, data, the memory sampler, timing."""
 from __future__ import annotations
 
 import os
@@ -57,21 +57,26 @@ def count_rows(url: str, table: str) -> int:
     return scalar(url, f"SELECT count(*) FROM {table}")
 
 
-class DevBrokerProcess:
-    """`ledgerbatch dev-broker` as a child process, so its threads never compete with the harness's GIL."""
+BROKERS = {"kafka": "dev-kafka", "mock": "dev-broker"}  # --broker: real Apache Kafka 2.3, or librdkafka's mock
 
-    def __init__(self, topics: dict[str, int]):
-        args = [str(BIN / "ledgerbatch"), "dev-broker"] + [a for t, p in topics.items() for a in ("--topic", f"{t}:{p}")]
+
+class BrokerProcess:
+    """`ledgerbatch dev-kafka` (or `dev-broker`, the mock) as a child process, so that the broker never competes
+    with the harness's GIL; it prints its bootstrap address once its topics exist."""
+
+    def __init__(self, topics: dict[str, int], kind: str = "kafka"):
+        args = [str(BIN / "ledgerbatch"), BROKERS[kind]] + [a for t, p in topics.items() for a in ("--topic", f"{t}:{p}")]
+        self.kind = kind
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=child_env())
         self.bootstrap = self.proc.stdout.readline().strip()
         if not self.bootstrap:
             self.close()
-            raise RuntimeError("the dev broker did not print its bootstrap address")
+            raise RuntimeError(f"`ledgerbatch {BROKERS[kind]}` did not print its bootstrap address")
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(10)
+            self.proc.wait(60)
 
 
 def watermarks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
@@ -86,7 +91,7 @@ def check_retained(bootstrap: str, topic: str, expected: int) -> None:
     retained = sum(hi - lo for lo, hi in marks.values())
     if low or retained != expected:
         raise SystemExit(f"{topic}: {retained} of {expected} records retained (log starts {low or 'all 0'}); "
-                         f"the dev broker keeps ~5 MiB per partition: use more partitions or fewer records")
+                         f"(the mock broker keeps ~5 MiB per partition: use more partitions or fewer records)")
 
 
 @dataclass

@@ -10,7 +10,7 @@ server, against the cold spark-submit path and the 2-process floor (bench/floor.
   every Connect run is the same pipeline, whose kept session an unmeasured 1,000-record batch warmed first.
 
 Its databases are prefixed `lb_connect_bench_` (not the main bench's `lb_bench_`) and dropped at the end;
-the dev broker and the Connect server are its children and stopped at the end. Prints one JSON document.
+the broker and the Connect server are its children and stopped at the end. Prints one JSON document.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from . import floor  # noqa: E402
 from ledgerbatch.spark.server import LocalConnectServer  # noqa: E402
 
-from .common import BIN, DB_PREFIX, SERVER_URL, DevBrokerProcess, check_retained, count_rows, fresh_database  # noqa: E402
+from .common import BIN, BROKERS, DB_PREFIX, SERVER_URL, BrokerProcess, check_retained, count_rows, fresh_database  # noqa: E402
 from .lb import write_spec  # noqa: E402
 
 TOPIC, SMALL_TOPIC = "connect_orders", "connect_small"
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--runs", type=int, default=3, help="large-batch runs (floor and DAG each)")
     parser.add_argument("--small-records", type=int, default=100)
     parser.add_argument("--small-repeats", type=int, default=5)
+    parser.add_argument("--broker", choices=sorted(BROKERS), default="kafka")
     parser.add_argument("--skip-cold", action="store_true", help="no cold spark-submit runs")
     parser.add_argument("--skip-large", action="store_true", help="no large-batch runs")
     args = parser.parse_args(argv)
@@ -171,10 +172,10 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(done.stderr[-3000:])
     workdir = Path(tempfile.mkdtemp(prefix="lb_connect_bench_"))
     load_at_start = os.getloadavg()[0]
-    broker = DevBrokerProcess({TOPIC: args.partitions, SMALL_TOPIC: 4})
+    broker = BrokerProcess({TOPIC: args.partitions, SMALL_TOPIC: 4}, args.broker)
     server = None
     try:
-        print(f"dev broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
+        print(f"{broker.kind} broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
         from ledgerbatch.dev.demodata import produce_orders
 
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)

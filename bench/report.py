@@ -142,6 +142,10 @@ def write_json(r: dict, out_dir: Path) -> Path:
     return path
 
 
+BROKER_TEXT = {"kafka": "a real Apache Kafka 2.3.0 (`ledgerbatch dev-kafka`: one broker, ZooKeeper, Java 11)",
+               "mock": "librdkafka's mock cluster (`ledgerbatch dev-broker`, 3 brokers, in memory)"}
+
+
 def write_doc(r: dict, path: Path, plot_name: str) -> None:
     m, cfg = r["machine"], r["config"]
     path.write_text(f"""# Benchmarks
@@ -151,7 +155,7 @@ Regenerate with `make bench` (the full form: about half an hour on 2 cores) or `
 reduced form that CI runs as `tests/bench/test_bench_smoke.py`; it writes to `bench/results/smoke/`).
 
 **Data**: {cfg['records']:,} JSON orders of about 90 bytes (`ledgerbatch.demodata.order`) in {cfg['partitions']}
-partitions of one dev broker topic, every one checked to be retained from offset 0. Every contender reads the
+partitions of one topic on {BROKER_TEXT[cfg.get('broker', 'mock')]}, every one checked to be retained from offset 0. Every contender reads the
 same topic from offset 0 into its own fresh database; the harness checks each one's row count against the
 records produced. Wall times are medians of {cfg['runs']} runs, interleaved (floor, peer, ledgerbatch, ... per run).
 The same orders are produced once more, before any run and untimed, into a second topic of as many partitions as
@@ -239,5 +243,5 @@ make bench-smoke    # python -m bench.run --records 20000 --partitions 4 --runs 
 | Python / Java | {m['python']} / {m['java']} |
 | pyspark / confluent-kafka | {m['pyspark']} / {m['confluent-kafka']} |
 | Airflow / Kafka provider | {m['apache-airflow']} / {m['apache-airflow-providers-apache-kafka']} |
-| Kafka | librdkafka's mock cluster (`ledgerbatch dev-broker`, 3 brokers) on 127.0.0.1 |
+| Kafka | {BROKER_TEXT[cfg.get('broker', 'mock')]} on 127.0.0.1 |
 """)

@@ -1,7 +1,8 @@
 """The benchmark driver (issue #5): floor, peer and ledgerbatch on the same data (ledgerbatch warm on it as JSON
 and as Avro too, issue #10), then latency and scaling.
 
-    python -m bench.run [--records N] [--partitions P] [--runs R] [--historic N1,N2,...] [--out DIR] [--docs DIR]
+    python -m bench.run [--records N] [--partitions P] [--runs R] [--historic N1,N2,...] [--broker kafka|mock]
+                        [--out DIR] [--docs DIR]
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ledgerbatch.dev.registry import DevRegistry
 
 from . import floor, lb, plot, report, transforms
 from .avro import AvroOrders
-from .common import DB_PREFIX, REPO, SERVER_URL, DevBrokerProcess, check_retained, child_env, median_run
+from .common import BROKERS, DB_PREFIX, REPO, SERVER_URL, BrokerProcess, check_retained, child_env, median_run
 from .latency import Latency
 from .peer import Peer
 
@@ -44,6 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="historic batch counts for the scaling figure (comma-separated)")
     p.add_argument("--latency-repeats", type=int, default=3)
     p.add_argument("--scaling-repeats", type=int, default=7, help="timed plan+commit batches per historic size")
+    p.add_argument("--broker", choices=sorted(BROKERS), default="kafka",
+                   help="a real Apache Kafka 2.3 (default) or librdkafka's mock cluster, which serves from memory")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where the JSON results go")
     p.add_argument("--docs", type=Path, default=REPO / "docs", help="where benchmarks.md and benchmarks.png go")
     return p.parse_args(argv)
@@ -110,10 +113,10 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python -m bench.run " + shlex.join(sys.argv[1:] if argv is None else argv)
     load_at_start = os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="lb_bench_"))
-    broker = DevBrokerProcess({TOPIC: args.partitions, AVRO_TOPIC: args.partitions, LATENCY_TOPIC: 4})
+    broker = BrokerProcess({TOPIC: args.partitions, AVRO_TOPIC: args.partitions, LATENCY_TOPIC: 4}, args.broker)
     registry = DevRegistry()
     try:
-        print(f"dev broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
+        print(f"{broker.kind} broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
         check_retained(broker.bootstrap, TOPIC, args.records)
         print(f"dev registry {registry.url}: the same orders as Avro into {AVRO_TOPIC}", flush=True)
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
         broker.close()
         shutil.rmtree(workdir, ignore_errors=True)
         drop_databases()
-    results["config"] = {"records": args.records, "partitions": args.partitions, "runs": args.runs,
+    results["config"] = {"broker": args.broker, "records": args.records, "partitions": args.partitions, "runs": args.runs,
                          "historic": args.historic, "latency_repeats": args.latency_repeats,
                          "scaling_repeats": args.scaling_repeats, "command": command}
     # Other work on these shared cores skews every figure: the load shows how much there was.

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real PostgreSQL server, the dev broker, local Spark, pipelines in a temp dir."""
+"""Shared fixtures: the real PostgreSQL server, a real Apache Kafka, local Spark, pipelines in a temp dir."""
 from __future__ import annotations
 
 import itertools
@@ -54,20 +54,22 @@ def engine(db_url):
 
 @pytest.fixture(scope="session")
 def broker():
-    from ledgerbatch.dev.broker import DevBroker
-
-    with DevBroker(3) as b:
-        yield b
-
-
-@pytest.fixture(scope="session")
-def kafka():
     """A real Apache Kafka 2.3 (ZooKeeper and one broker on loopback, dev/kafka.py). The broker checks retention
     every second, so a topic's short retention.ms takes effect within a test."""
     from ledgerbatch.dev.kafka import LocalKafka
 
     with LocalKafka(1, {"log.retention.check.interval.ms": "1000", "log.segment.delete.delay.ms": "0"}) as k:
         yield k
+
+
+@pytest.fixture(scope="session")
+def mock_broker():
+    """librdkafka's mock cluster (dev/broker.py), only for what a real broker cannot do on demand: every
+    broker dropping its connections at once and coming back a moment later (rd_kafka_mock_broker_set_down)."""
+    from ledgerbatch.dev.broker import DevBroker
+
+    with DevBroker(3) as b:
+        yield b
 
 
 @pytest.fixture(scope="session")
@@ -125,14 +127,7 @@ class Pipeline:
 
 @pytest.fixture
 def make_pipeline(tmp_path, broker):
-    def make(partitions: int = 4, **overrides) -> Pipeline:
-        return Pipeline(tmp_path / "pipelines", broker, partitions, **overrides)
-    return make
-
-
-@pytest.fixture
-def make_kafka_pipeline(tmp_path, kafka):
-    """make_pipeline on the real Kafka; `topic_config` sets the topic's configuration (retention, compaction)."""
+    """`topic_config` sets the topic's configuration (retention, compaction)."""
     def make(partitions: int = 4, topic_config: dict | None = None, **overrides) -> Pipeline:
-        return Pipeline(tmp_path / "pipelines", kafka, partitions, topic_config, **overrides)
+        return Pipeline(tmp_path / "pipelines", broker, partitions, topic_config, **overrides)
     return make

@@ -105,20 +105,20 @@ def registry_schemas(registry) -> list[dict]:
 
 
 def main() -> None:
-    from ledgerbatch.dev.broker import DevBroker
+    from ledgerbatch.dev.kafka import LocalKafka
     from ledgerbatch.dev.registry import DevRegistry
 
     print(source_db.ensure_cluster())
     SAMPLES.mkdir(exist_ok=True)
     started = time.monotonic()
-    with DevBroker(1) as broker, DevRegistry() as registry:
+    with LocalKafka(1) as broker, DevRegistry() as registry:
         lines = capture_one(broker, True, "precise", len(SETTINGS), registry)
         (SAMPLES / AVRO_SCHEMAS).write_text(json.dumps(registry_schemas(registry), indent=1) + "\n")
     (SAMPLES / AVRO_SAMPLES).write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
     print(f"tests/cdc/samples/{AVRO_SAMPLES}: {len(lines)} events in {time.monotonic() - started:.1f} s")
     for n, (schemas_enable, decimal_mode) in enumerate(SETTINGS if sys.argv[1:] != ["avro"] else []):
         started = time.monotonic()
-        with DevBroker(1) as broker:  # a fresh broker each time: the same topic names, offsets from 0
+        with LocalKafka(1) as broker:  # a fresh broker each time: the same topic names, offsets from 0
             lines = capture_one(broker, schemas_enable, decimal_mode, n)
         path = SAMPLES / file_name(schemas_enable, decimal_mode)
         path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))

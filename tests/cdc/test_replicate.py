@@ -1,5 +1,5 @@
 """Replicate a table with Debezium, end to end on real parts: PostgreSQL (wal_level = logical) -> Debezium's
-embedded engine -> the dev broker -> `ledgerbatch run` (format debezium, upsert) -> PostgreSQL.
+embedded engine -> Apache Kafka -> `ledgerbatch run` (format debezium, upsert) -> PostgreSQL.
 
 The source table gets a snapshot, then random inserts, updates, deletes, primary-key changes and deletes
 followed by a re-insert of the same key in one transaction, in many transactions, while `ledgerbatch run` is

@@ -53,8 +53,18 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[
         c.close()
 
 
+def delete_records(bootstrap: str, topic: str, partition: int, before: int) -> None:
+    """Advance the partition's log start to `before` (Kafka's DeleteRecords), as retention would."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the futures resolve
+    for future in admin.delete_records([TopicPartition(topic, partition, before)]).values():
+        future.result(30)
+
+
 def assert_exactly_once(engine, pipeline, bootstrap: str, good: set[tuple[int, int]], bad: set[tuple[int, int]]) -> None:
-    """Target = good coordinates once each; quarantine = bad ones once each; cursors at the end; ranges tile."""
+    """Target = good coordinates once each; quarantine = bad ones (bad records, rows the target refused) once
+    each; cursors at the end; ranges tile."""
     with engine.connect() as conn:
         rows = conn.execute(text(f'SELECT _partition, _offset FROM public."{pipeline.table}"')).all()
         coords = [(r[0], r[1]) for r in rows]
@@ -83,7 +93,7 @@ def assert_exactly_once(engine, pipeline, bootstrap: str, good: set[tuple[int, i
         totals = conn.execute(text(
             "SELECT count(*) FILTER (WHERE status IN ('planned', 'staged', 'failed')) AS unfinished, "
             "coalesce(sum(records_read) FILTER (WHERE ok), 0) AS r, coalesce(sum(rows_written) FILTER (WHERE ok), 0) AS w, "
-            "coalesce(sum(rows_quarantined) FILTER (WHERE ok), 0) AS q "
+            "coalesce(sum(rows_quarantined + rows_rejected) FILTER (WHERE ok), 0) AS q "
             "FROM (SELECT *, status = 'committed' AND kind IN ('live', 'backfill') AS ok FROM ledger.batches) b "
             "WHERE pipeline = :p"), {"p": pipeline.name}).one()
         assert totals.unfinished == 0

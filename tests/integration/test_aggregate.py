@@ -1,4 +1,4 @@
-"""Query transforms and aggregate targets on real parts (dev broker, local Spark, PostgreSQL): totals
+"""Query transforms and aggregate targets on real parts (Apache Kafka, local Spark, PostgreSQL): totals
 equal totals computed independently from the produced records, after kills, replays and backfills."""
 from __future__ import annotations
 

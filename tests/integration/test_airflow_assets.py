@@ -1,5 +1,5 @@
 """Assets on commit: the commit task's outlet is the target table's Asset, and only a batch committed now makes
-an asset event, with the batch as its extra (dag.test() against real Spark, the dev broker and PostgreSQL)."""
+an asset event, with the batch as its extra (dag.test() against real Spark, Apache Kafka and PostgreSQL)."""
 from __future__ import annotations
 
 import pytest

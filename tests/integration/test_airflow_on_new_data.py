@@ -1,7 +1,7 @@
 """Event-driven pipelines (`schedule: on_new_data`): the DAG is scheduled on an Asset whose AssetWatcher runs
 NewDataTrigger; the trigger fires when Kafka's end offsets pass the ledger's cursors and stays quiet when the
 pipeline is caught up; the ledger decides what a run delivers, so two fires deliver every record once.
-Against the dev broker, PostgreSQL and real spark-submit (dag.test())."""
+Against Apache Kafka, PostgreSQL and real spark-submit (dag.test())."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""Change pipelines end to end on real parts (dev broker, PostgreSQL, local Spark): `format: debezium`
+"""Change pipelines end to end on real parts (Apache Kafka, PostgreSQL, local Spark): `format: debezium`
 with real captured events (tests/cdc/samples/) and hand-made envelopes, deletes, tombstones, replays,
 and `target.deletes` for plain upsert pipelines."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Record formats end to end on real parts: values made by confluent-kafka's real serializers against the
-dev registry, the dev broker, local Spark, PostgreSQL. Evolution mid-topic, nested and logical types,
+dev registry, Apache Kafka, local Spark, PostgreSQL. Evolution mid-topic, nested and logical types,
 Kafka metadata columns, every poison class, a registry outage and a SIGKILL mid-batch."""
 from __future__ import annotations
 

@@ -20,9 +20,9 @@ from .test_faults import _popen_run
 pytestmark = pytest.mark.integration
 
 
-def run(engine, db_url, kafka, spark, p):
+def run(engine, db_url, broker, spark, p):
     """`ledgerbatch run` in this process, on the session's warm Spark."""
-    return run_pipeline(engine, p.spec, db_url, kafka.bootstrap_servers, lambda: spark)
+    return run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)
 
 
 def delivered_order_ids(engine, p) -> set[str]:
@@ -44,9 +44,9 @@ def transaction(bootstrap: str, transactional_id: str, topic: str, records: list
     return producer, acked
 
 
-def test_committed_aborted_and_open_transactions_through_sigkills(engine, db_url, kafka, make_kafka_pipeline):
-    p = make_kafka_pipeline(partitions=3, batch__max_records=40)
-    bs = kafka.bootstrap_servers
+def test_committed_aborted_and_open_transactions_through_sigkills(engine, db_url, broker, make_pipeline):
+    p = make_pipeline(partitions=3, batch__max_records=40)
+    bs = broker.bootstrap_servers
     good = {(a[0], a[1]) for a in produce(bs, p.topic, [(i % 3, order_value(i)) for i in range(30)])}
     good |= {(a[0], a[1]) for a in produce(bs, p.topic, [(i % 3, order_value(i)) for i in range(100, 160)],
                                            transactional_id=f"{p.name}-committed")}
@@ -81,17 +81,17 @@ def test_committed_aborted_and_open_transactions_through_sigkills(engine, db_url
           f"left open during {kills} SIGKILLed runs), {len(aborted)} aborted records never delivered")
 
 
-def test_a_replay_by_time_resolves_timestamps_to_offsets(engine, db_url, kafka, spark, make_kafka_pipeline):
-    p = make_kafka_pipeline(partitions=1)
+def test_a_replay_by_time_resolves_timestamps_to_offsets(engine, db_url, broker, spark, make_pipeline):
+    p = make_pipeline(partitions=1)
     base = (int(time.time()) - 120) * 1000  # whole seconds, within the topic's retention
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "log_level": 3})
     for i in range(30):
         producer.produce(p.topic, order_value(i), partition=0, timestamp=base + i * 1000)
     assert producer.flush(30) == 0
-    run(engine, db_url, kafka, spark, p)
+    run(engine, db_url, broker, spark, p)
     iso = lambda ms: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))  # noqa: E731
     replay = cli(["replay", p.name, "--from-time", iso(base + 10_000), "--until-time", iso(base + 20_000)],
-                 db_url, kafka.bootstrap_servers, p.dir)
+                 db_url, broker.bootstrap_servers, p.dir)
     assert replay.returncode == 0, replay.stderr[-2000:]
     with engine.connect() as conn:
         assert conn.execute(text(
@@ -100,11 +100,11 @@ def test_a_replay_by_time_resolves_timestamps_to_offsets(engine, db_url, kafka, 
 
 
 def test_retention_deleting_undelivered_offsets_stops_the_pipeline_until_acknowledged(
-        engine, db_url, kafka, spark, make_kafka_pipeline):
-    p = make_kafka_pipeline(partitions=1, topic_config={"segment.ms": "100"})  # a new segment per round below
-    bs = kafka.bootstrap_servers
+        engine, db_url, broker, spark, make_pipeline):
+    p = make_pipeline(partitions=1, topic_config={"segment.ms": "100"})  # a new segment per round below
+    bs = broker.bootstrap_servers
     first = produce(bs, p.topic, [(0, order_value(i)) for i in range(20)])
-    run(engine, db_url, kafka, spark, p)  # the cursor stands at 20
+    run(engine, db_url, broker, spark, p)  # the cursor stands at 20
     retention(bs, p.topic, "1000")
     for start in range(20, 520, 100):
         produce(bs, p.topic, [(0, order_value(i)) for i in range(start, start + 100)])
@@ -117,11 +117,11 @@ def test_retention_deleting_undelivered_offsets_stops_the_pipeline_until_acknowl
     low, high = end_offsets(bs, p.topic, 1)[0]
 
     with pytest.raises(DataLossError, match=r"cursor 20 is before the log start"):
-        run(engine, db_url, kafka, spark, p)
+        run(engine, db_url, broker, spark, p)
     ack = cli(["acknowledge-loss", p.name, "--by", "alice", "--reason", "retention"], db_url, bs, p.dir)
     assert ack.returncode == 0, ack.stderr[-2000:]
     assert f"recorded lost {p.topic}[0] [20, {low}) ({low - 20} offsets), acknowledged by alice" in ack.stdout
-    run(engine, db_url, kafka, spark, p)
+    run(engine, db_url, broker, spark, p)
     with engine.connect() as conn:
         offsets = conn.execute(text(f'SELECT _offset FROM public."{p.table}" ORDER BY 1')).scalars().all()
     assert offsets == [a[1] for a in first] + list(range(low, high))  # nothing else is lost
@@ -136,35 +136,35 @@ def retention(bootstrap: str, topic: str, ms: str) -> None:
         future.result(30)
 
 
-def test_a_zombie_transactional_producer_is_fenced_and_its_records_never_delivered(engine, db_url, kafka, spark,
-                                                                                     make_kafka_pipeline):
+def test_a_zombie_transactional_producer_is_fenced_and_its_records_never_delivered(engine, db_url, broker, spark,
+                                                                                     make_pipeline):
     from confluent_kafka import KafkaException
 
-    p = make_kafka_pipeline(partitions=2)
-    bs = kafka.bootstrap_servers
+    p = make_pipeline(partitions=2)
+    bs = broker.bootstrap_servers
     zombie, _ = transaction(bs, f"{p.name}-tx", p.topic, [(i % 2, i) for i in range(0, 10)])
     successor, acked = transaction(bs, f"{p.name}-tx", p.topic, [(i % 2, i) for i in range(100, 110)])  # fences it
     with pytest.raises(KafkaException, match="_FENCED|fenced|Fenced"):
         zombie.commit_transaction(30)
     successor.commit_transaction(30)
-    run(engine, db_url, kafka, spark, p)
+    run(engine, db_url, broker, spark, p)
     assert_exactly_once(engine, p, bs, {(a[0], a[1]) for a in acked}, set())
     assert delivered_order_ids(engine, p) == {f"o-{i}" for i in range(100, 110)}
 
 
-def test_a_topic_that_gains_partitions_is_delivered_from_their_start(engine, db_url, kafka, spark,
-                                                                       make_kafka_pipeline):
+def test_a_topic_that_gains_partitions_is_delivered_from_their_start(engine, db_url, broker, spark,
+                                                                       make_pipeline):
     from confluent_kafka.admin import NewPartitions
 
-    p = make_kafka_pipeline(partitions=2)
-    bs = kafka.bootstrap_servers
+    p = make_pipeline(partitions=2)
+    bs = broker.bootstrap_servers
     good = {(a[0], a[1]) for a in produce(bs, p.topic, [(i % 2, order_value(i)) for i in range(20)])}
-    run(engine, db_url, kafka, spark, p)
+    run(engine, db_url, broker, spark, p)
     admin = AdminClient({"bootstrap.servers": bs})
     admin.create_partitions([NewPartitions(p.topic, 4)])[p.topic].result(30)
     p.partitions = 4
     good |= {(a[0], a[1]) for a in produce(bs, p.topic, [(i % 4, order_value(i)) for i in range(20, 60)])}
-    run(engine, db_url, kafka, spark, p)
+    run(engine, db_url, broker, spark, p)
     assert_exactly_once(engine, p, bs, good, set())
     with engine.connect() as conn:
         starts = dict(conn.execute(text("SELECT partition, start_offset FROM ledger.cursors WHERE pipeline = :p"),
@@ -172,12 +172,12 @@ def test_a_topic_that_gains_partitions_is_delivered_from_their_start(engine, db_
     assert starts == {0: 0, 1: 0, 2: 0, 3: 0}
 
 
-def test_a_compacted_topic_has_gaps_inside_ranges_and_upserts_the_latest_value(engine, db_url, kafka, spark,
-                                                                                make_kafka_pipeline):
-    p = make_kafka_pipeline(partitions=1, target__mode="upsert", target__key=["order_id"],
+def test_a_compacted_topic_has_gaps_inside_ranges_and_upserts_the_latest_value(engine, db_url, broker, spark,
+                                                                                make_pipeline):
+    p = make_pipeline(partitions=1, target__mode="upsert", target__key=["order_id"],
                             topic_config={"cleanup.policy": "compact", "segment.ms": "100",
                                           "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"})
-    bs = kafka.bootstrap_servers
+    bs = broker.bootstrap_servers
     latest = {}
     for round_ in range(6):  # ten keys overwritten six times, one segment per round
         values = [order_value(k, amount=f"{round_}.00").replace(b'"o-', b'"k-') for k in range(10)]
@@ -189,7 +189,7 @@ def test_a_compacted_topic_has_gaps_inside_ranges_and_upserts_the_latest_value(e
     while _records_in(bs, p.topic) >= 61:  # the log cleaner leaves gaps in the offsets
         assert time.monotonic() < deadline, "the log cleaner compacted nothing within 90s"
         time.sleep(1)
-    run(engine, db_url, kafka, spark, p)
+    run(engine, db_url, broker, spark, p)
     with engine.connect() as conn:
         rows = dict(conn.execute(text(f'SELECT order_id, amount FROM public."{p.table}"')).all())
         ranges = conn.execute(text("SELECT from_offset, until_offset FROM ledger.batch_ranges WHERE pipeline = :p"),

@@ -1,4 +1,4 @@
-"""End to end on real parts: dev broker, PostgreSQL, local Spark."""
+"""End to end on real parts: Apache Kafka, PostgreSQL, local Spark."""
 from __future__ import annotations
 
 import time
@@ -15,7 +15,7 @@ from ledgerbatch.stage.process import process_batch
 from ledgerbatch.ops.run import run_pipeline
 from ledgerbatch.sqlfiles import query
 
-from .helpers import assert_exactly_once, end_offsets, order_value, produce
+from .helpers import assert_exactly_once, delete_records, end_offsets, order_value, produce
 
 pytestmark = pytest.mark.integration
 
@@ -143,12 +143,8 @@ def test_out_of_range_start_fails_with_ledger_unchanged(engine, db_url, broker, 
     produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(10)])
     batch = plan_next(engine, p.spec, broker.bootstrap_servers)
     assert batch.ranges[0].from_offset == 0
-    # The dev broker keeps about 5 MiB per partition: push offset 0 out of the log, like retention would.
-    filler = b'{"order_id":"' + b"f" * 1000 + b'"}'
-    for _ in range(8):
-        produce(broker.bootstrap_servers, p.topic, [(0, filler)] * 1000)
-    low, _ = end_offsets(broker.bootstrap_servers, p.topic, 1)[0]
-    assert low > 10, "the dev broker did not drop the oldest offsets"
+    delete_records(broker.bootstrap_servers, p.topic, 0, 5)  # offset 0 leaves the log, as retention would
+    assert end_offsets(broker.bootstrap_servers, p.topic, 1)[0] == (5, 10)
 
     with pytest.raises(DataLossError, match="no longer in Kafka.*Offset out of range.*acknowledge-loss"):
         process_batch(spark, engine, p.spec, batch.batch_id, db_url, broker.bootstrap_servers)
@@ -162,12 +158,10 @@ def test_out_of_range_start_fails_with_ledger_unchanged(engine, db_url, broker, 
 
 def test_cursor_before_log_start_refuses_to_plan(engine, broker, make_pipeline):
     p = make_pipeline(partitions=1)
-    filler = b'{"order_id":"' + b"f" * 1000 + b'"}'
-    produce(broker.bootstrap_servers, p.topic, [(0, order_value(0))])
+    produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(3)])
     with engine.begin() as conn:
         init_cursors(conn, p.name, {(p.topic, 0): 0})
-    for _ in range(8):
-        produce(broker.bootstrap_servers, p.topic, [(0, filler)] * 1000)
+    delete_records(broker.bootstrap_servers, p.topic, 0, 2)
     with pytest.raises(DataLossError, match="before the log start"):
         plan_next(engine, p.spec, broker.bootstrap_servers)
     with engine.connect() as conn:
@@ -220,10 +214,15 @@ def test_target_table_that_disagrees_with_the_spec_is_refused(engine, db_url, br
         assert conn.execute(text(f'SELECT count(*) FROM public."{p.table}"')).scalar_one() == 0
 
 
-def test_brokers_down_mid_read(engine, db_url, broker, spark, make_pipeline):
+def test_brokers_down_mid_read(engine, db_url, mock_broker, spark, tmp_path):
+    """On the mock cluster: it takes every broker down and up on demand, to the moment (a real broker's restart
+    waits out its ZooKeeper session; test_real_kafka.py kills a real leader)."""
     import threading
 
-    p = make_pipeline(partitions=2)
+    from ..conftest import Pipeline
+
+    broker = mock_broker
+    p = Pipeline(tmp_path / "pipelines", broker, 2)
     acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(200)])
     batch = plan_next(engine, p.spec, broker.bootstrap_servers)
     brokers = range(1, broker.brokers + 1)

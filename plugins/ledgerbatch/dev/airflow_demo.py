@@ -1,4 +1,4 @@
-"""`ledgerbatch demo` with Airflow: `airflow standalone` in a throw-away home, wired to the demo's dev broker,
+"""`ledgerbatch demo` with Airflow: `airflow standalone` in a throw-away home, wired to the demo's Kafka,
 dev registry, database and a Spark Connect server through Airflow Connections; the scheduled demo DAG is
 triggered until caught up, the event-driven one runs by itself, also for new records produced at the end."""
 from __future__ import annotations
@@ -213,7 +213,7 @@ def run_with_airflow(settings: Settings, records: int, partitions: int, port: in
         print(f"\nAirflow UI: http://localhost:{port}  (user {USER}, password {PASSWORD})")
         print("DAGs: ledgerbatch_orders (event-driven: runs when new orders arrive), ledgerbatch_payments (every 15 "
               "minutes) and ledgerbatch_backfill (trigger it with a form to replay or backfill a range). Batches run "
-              "on the Spark Connect server. The dev broker, the dev registry, Spark and Airflow stay up until Ctrl-C.",
+              "on the Spark Connect server. Kafka, the dev registry, Spark and Airflow stay up until Ctrl-C.",
               flush=True)
         airflow.proc.wait()
     finally:

@@ -1,6 +1,6 @@
 """`ledgerbatch demo`: the platform on the embedded defaults.
 
-A dev broker and a dev schema registry in this process, a fresh `ledgerbatch_demo` database on the
+A real Apache Kafka on loopback (dev/kafka.py, child processes) and a dev schema registry in this process, a fresh `ledgerbatch_demo` database on the
 configured PostgreSQL server, known JSON orders and Avro payments (whose schema evolves mid-topic)
 with bad records in them; then either Airflow (standalone, the demo DAGs triggered until caught up,
 the UI left running) or, with --no-airflow, `run` to the end. Both finish with a report from SQL
@@ -16,8 +16,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.config import Settings, safe_url
-from ledgerbatch.dev.broker import DevBroker
 from ledgerbatch.dev.demodata import produce_orders, produce_payments
+from ledgerbatch.dev.kafka import LocalKafka
 from ledgerbatch.dev.registry import DevRegistry
 from ledgerbatch.ledger.engine import fresh_database, make_engine
 from ledgerbatch.ledger.inspection import run_report
@@ -36,7 +36,7 @@ REPORT = {"quarantine by reason": "report_quarantine_by_reason", "batches": "rep
 class DemoSetup:
     db_url: str
     engine: Engine
-    broker: DevBroker
+    broker: LocalKafka
     registry: DevRegistry
     expected: dict[str, tuple[int, int]]  # pipeline -> (valid records, bad records)
     records: int  # orders produced so far (their ids are 0..records-1)
@@ -58,10 +58,12 @@ def prepare(settings: Settings, records: int, partitions: int) -> DemoSetup:
     print(f"demo database: {safe_url(db_url)} (dropped and created fresh)")
     engine = make_engine(db_url)
     migrate(engine)
-    broker, registry = DevBroker(3), DevRegistry()
+    broker = LocalKafka(1).start()
+    registry = DevRegistry()
     for topic in PIPELINES:
         broker.create_topic(topic, partitions)
-    print(f"dev broker: {broker.bootstrap_servers}, topics {', '.join(PIPELINES)} with {partitions} partitions each")
+    print(f"Apache Kafka 2.3: {broker.bootstrap_servers} (logs in {broker.dir}), topics {', '.join(PIPELINES)} "
+          f"with {partitions} partitions each")
     print(f"dev schema registry: {registry.url} (in-memory, the REST subset confluent-kafka's client uses)")
     orders = produce_orders(broker.bootstrap_servers, "orders", records, partitions, bad_every=1000)
     print(f"produced {records} JSON orders: {orders['good']} valid, {orders['bad']} bad records")

@@ -88,7 +88,7 @@ def _offsets_for_times(spec, bootstrap_servers, request, partitions, ends) -> di
                 out.setdefault(tp.partition, [0, 0])[0 if bound == "from" else 1] = offset
         if all(lo == hi == ends[(request.topic, p)].high for p, (lo, hi) in out.items()):
             raise ConfigError("the broker resolved no offsets for that time window (it may not support timestamp "
-                              "look-ups, as the dev broker does not); give offsets instead")
+                              "look-ups, as librdkafka's mock cluster does not); give offsets instead")
         return {p: (lo, hi) for p, (lo, hi) in out.items()}
     except KafkaException as exc:
         raise ConfigError(f"offset look-up by time failed: {exc.args[0].str()}") from None
