@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     abandon.add_argument("batch_id", type=_positive, metavar="BATCH_ID")
     abandon.add_argument("--by", required=True, metavar="NAME", help="who abandons it")
     abandon.add_argument("--reason", help="why (ticket, spec change)")
-    broker = sub.add_parser("dev-broker", help="run the local Kafka-protocol dev broker in the foreground")
+    broker = sub.add_parser("dev-broker", help="run librdkafka's mock Kafka cluster in the foreground (request-level fault injection)")
     broker.add_argument("--brokers", type=_positive, default=3)
     broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
                         help="create a topic (repeatable); auto-created topics get 4 partitions")
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=_positive, default=15002)
     server.add_argument("--master", default="local[*]", help="the server's own Spark master (default local[*])")
-    demo = sub.add_parser("demo", help="the platform on the embedded defaults: dev broker, demo data, Airflow")
+    demo = sub.add_parser("demo", help="the platform on the embedded defaults: Apache Kafka, demo data, Airflow")
     demo.add_argument("--records", type=_positive, default=200_000)
     demo.add_argument("--partitions", type=_positive, default=16)
     demo.add_argument("--port", type=_positive, default=8080, help="Airflow UI port")
@@ -209,7 +209,9 @@ def cmd_run(args, settings: Settings) -> None:
                            stop=stop)
     rate = summary.records_read / summary.seconds if summary.seconds else 0
     print(f"{spec.name}: {summary.batches} batches committed, {summary.records_read} records read, "
-          f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined in {summary.seconds:.1f}s "
+          f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined"
+          + (f" ({summary.rows_rejected} refused by the target)" if summary.rows_rejected else "")
+          + f" in {summary.seconds:.1f}s "
           f"({rate:,.0f} records/s)")
 
 

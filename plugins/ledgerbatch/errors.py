@@ -42,3 +42,7 @@ OFFSETS_LOST = "offsets are no longer in Kafka"
 # A batch that failed errors.max_ratio on its own is planned again (plan/live.py) rather than resumed with
 # its ranges: the ledger's error text carries the marker (model/reconcile.py writes it).
 OVER_BUDGET = "more than errors.max_ratio"
+
+
+class RowsRefusedError(LedgerbatchError):
+    """The target refused rows of a batch and errors.on_reject is fail: nothing was written."""

@@ -11,13 +11,13 @@ WHERE pipeline = :pipeline AND kind = 'live' AND status IN ('planned', 'staged',
 -- name: get_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
        rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped,
-       spec_version
+       spec_version, rows_rejected
 FROM ledger.batches WHERE batch_id = :batch_id;
 
 -- name: lock_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
        rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped,
-       spec_version
+       spec_version, rows_rejected
 FROM ledger.batches WHERE batch_id = :batch_id FOR UPDATE;
 
 -- name: get_ranges
@@ -137,3 +137,14 @@ WHERE r.pipeline = :pipeline AND r.committed AND r.batch_id <> :batch_id
        AND o.from_offset < q.until_offset AND q.from_offset < o.until_offset
       WHERE o.pipeline = :pipeline AND o.committed)
 ORDER BY r.batch_id, r.topic, r.partition;
+
+-- name: record_rejects
+-- Refused rows were staged as written (or as deletes): they move to rows_rejected.
+UPDATE ledger.batches
+SET rows_written = rows_written - (:rows - :deletes), rows_deleted = rows_deleted - :deletes,
+    rows_rejected = rows_rejected + :rows, updated_at = now()
+WHERE batch_id = :batch_id;
+
+-- name: record_range_rejects
+UPDATE ledger.batch_ranges SET records_rejected = records_rejected + :rows
+WHERE batch_id = :batch_id AND topic = :topic AND partition = :partition;

@@ -10,3 +10,14 @@ FROM ledger_staging.{bad};
 DELETE FROM ledger.quarantine q USING ledger.batch_ranges r
 WHERE r.batch_id = :batch_id AND q.pipeline = r.pipeline AND q.topic = r.topic AND q.partition = r.partition
   AND q."offset" >= r.from_offset AND q."offset" < r.until_offset;
+
+-- name: quarantine_rejects
+-- The refused rows, as JSON of what the target was given, with the server's reason; their raw records
+-- stay in Kafka at these coordinates (a replay reads them again).
+INSERT INTO ledger.quarantine (batch_id, pipeline, topic, partition, "offset", value, error, sqlstate, constraint_name)
+SELECT :batch_id, :pipeline, u._topic, u._partition, u._offset,
+       convert_to((to_jsonb(u) - '_unit' - '_batch_id')::text, 'UTF8'),
+       'refused by the target: ' || r.message, r.sqlstate, r.constraint_name
+FROM ledger_staging.{units} u
+JOIN unnest(CAST(:units AS bigint[]), CAST(:sqlstates AS text[]), CAST(:constraints AS text[]),
+            CAST(:messages AS text[])) AS r(unit, sqlstate, constraint_name, message) ON u._unit = r.unit;

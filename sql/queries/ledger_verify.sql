@@ -36,9 +36,9 @@ WHERE q.pipeline = :pipeline
 HAVING count(*) > 0;
 
 -- name: verify_append_counts
--- Append targets: rows + quarantined records = records read by committed live and backfill batches less
--- what their query transforms filtered out, plus what each committed replay wrote and quarantined less
--- what it replaced (a replay with a changed query may keep more or fewer rows).
+-- Append targets: rows + quarantined records (bad or refused by the target) = records read by committed live
+-- and backfill batches less what their query transforms filtered out, plus what each committed replay wrote,
+-- quarantined and had refused less what it replaced (a replay with a changed query may keep more or fewer rows).
 SELECT format('target holds %s rows and quarantine %s records, but committed batches read %s records, filtered %s '
               'and replays changed that by %s',
               (SELECT count(*) FROM {schema}.{table}),
@@ -46,7 +46,7 @@ SELECT format('target holds %s rows and quarantine %s records, but committed bat
               d.records_read, d.records_filtered, d.replayed) AS problem
 FROM (SELECT coalesce(sum(records_read) FILTER (WHERE kind IN ('live', 'backfill')), 0) AS records_read,
              coalesce(sum(records_filtered) FILTER (WHERE kind IN ('live', 'backfill')), 0) AS records_filtered,
-             coalesce(sum(rows_written + rows_quarantined - records_replaced) FILTER (WHERE kind = 'replay'), 0)
+             coalesce(sum(rows_written + rows_quarantined + rows_rejected - records_replaced) FILTER (WHERE kind = 'replay'), 0)
                  AS replayed
       FROM ledger.batches
       WHERE pipeline = :pipeline AND status = 'committed') d

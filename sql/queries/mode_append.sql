@@ -34,6 +34,11 @@ ALTER TABLE ledger_staging.{partition} SET SCHEMA {schema};
 ALTER TABLE {schema}.{table} ATTACH PARTITION {schema}.{partition} FOR VALUES FROM (:batch_id) TO ({upper});
 ALTER TABLE {schema}.{partition} DROP CONSTRAINT staged_batch_only;
 
+-- name: create_partition
+-- An empty partition where a big batch's staging table would be attached: commit/rejects.py copies runs of
+-- the batch's rows into it while it looks for the rows the target refuses.
+CREATE TABLE {schema}.{partition} PARTITION OF {schema}.{table} FOR VALUES FROM (:batch_id) TO ({upper});
+
 -- name: insert_append
 -- Small batches, and append targets created before targets were partitioned, take a copy of the rows.
 INSERT INTO {schema}.{table} ({columns}, _topic, _partition, _offset, _batch_id)

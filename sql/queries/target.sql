@@ -7,7 +7,7 @@ SELECT pg_advisory_xact_lock(hashtext('ledgerbatch:target:' || :target));
 
 -- name: table_columns
 -- Each column with its full type as PostgreSQL writes it (numeric(12,2), text[], jsonb, ...).
-SELECT a.attname AS column_name, format_type(a.atttypid, a.atttypmod) AS type
+SELECT a.attname AS column_name, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null
 FROM pg_attribute a
 WHERE a.attrelid = to_regclass(quote_ident(:schema) || '.' || quote_ident(:table))
   AND a.attnum > 0 AND NOT a.attisdropped
@@ -20,13 +20,28 @@ SELECT to_regclass(quote_ident(:schema) || '.' || quote_ident(:table)) IS NOT NU
 -- target.evolve additive: a column new to the spec, nullable, inside the commit's transaction.
 ALTER TABLE {schema}.{table} ADD COLUMN {column} {type};
 
--- name: widen_column
+-- name: set_column_type
 ALTER TABLE {schema}.{table} ALTER COLUMN {column} TYPE {type};
 
+-- name: set_not_null
+ALTER TABLE {schema}.{table} ALTER COLUMN {column} SET NOT NULL;
+
+-- name: table_checks
+-- A table's CHECK constraints as the server writes them, which a partition must carry too.
+SELECT conname AS name, pg_get_constraintdef(oid) AS definition
+FROM pg_constraint
+WHERE conrelid = to_regclass(quote_ident(:schema) || '.' || quote_ident(:table)) AND contype = 'c' AND NOT connoinherit
+ORDER BY conname;
+
+-- name: add_check
+ALTER TABLE {schema}.{table} ADD CONSTRAINT {constraint} {definition};
+
 -- name: target_layout
--- Whether the target is partitioned, and whether this login may attach to it (owner, CREATE in schema).
+-- Whether the target is partitioned, whether this login may attach to it (owner, CREATE in schema), and
+-- whether the user gave it triggers (ATTACH fires none: their rows are copied so that the triggers see them).
 SELECT c.relkind = 'p' AS partitioned,
-       pg_has_role(c.relowner, 'USAGE') AND has_schema_privilege(n.oid, 'CREATE') AS can_attach
+       pg_has_role(c.relowner, 'USAGE') AND has_schema_privilege(n.oid, 'CREATE') AS can_attach,
+       EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal) AS has_triggers
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = :schema AND c.relname = :table;
 

@@ -39,7 +39,8 @@ class Pipe:
     """A uniquely named pipeline and target table; its spec is a YAML file (a child process loads it too)."""
 
     def __init__(self, directory: Path, mode: str = "append", max_ratio: float = 0.5, policy: str = "quarantine",
-                 deletes: bool = False, query: str | None = None, max_records: int | None = None):
+                 deletes: bool = False, query: str | None = None, max_records: int | None = None,
+                 on_reject: str | None = None):
         self.name = f"c{os.getpid()}_{next(_names)}"
         self.topic = f"t_{self.name}"
         self.table = f"target_{self.name}"
@@ -49,6 +50,8 @@ class Pipe:
             target["key"] = ["order_id"]
         doc = {"name": self.name, "source": {"topics": [self.topic], "format": "json", "schema": SCHEMA},
                "target": target, "errors": {"policy": policy, "max_ratio": max_ratio}}
+        if on_reject:
+            doc["errors"]["on_reject"] = on_reject
         if mode == "aggregate":
             target["measures"] = {"n": "sum", "amount": "sum"}
             doc["transform"] = GROUPS
@@ -182,10 +185,20 @@ def target(engine, p: Pipe) -> list[tuple] | None:
 
 
 def quarantine(engine, p: Pipe) -> list[tuple]:
+    """Bad records as qrow() makes them; a row the target refused has no key: its value is the row as JSON."""
     with engine.connect() as conn:
-        return [(r.partition, r.offset, r.batch_id, r.error, bytes(r.key), bytes(r.value)) for r in conn.execute(text(
+        return [(r.partition, r.offset, r.batch_id, r.error, r.key and bytes(r.key), bytes(r.value)) for r in conn.execute(text(
             'SELECT partition, "offset", batch_id, error, key, value FROM ledger.quarantine WHERE pipeline = :p '
             'ORDER BY partition, "offset"'), {"p": p.name})]
+
+
+def refused(engine, p: Pipe) -> list[tuple]:
+    """(partition, offset, batch_id, sqlstate, constraint_name, order_id) of every row the target refused."""
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(
+            'SELECT partition, "offset", batch_id, sqlstate, constraint_name, '
+            "convert_from(value, 'UTF8')::jsonb ->> 'order_id' FROM ledger.quarantine "
+            'WHERE pipeline = :p AND sqlstate IS NOT NULL ORDER BY partition, "offset"'), {"p": p.name})]
 
 
 def cursors(engine, p: Pipe) -> dict[int, int]:

@@ -11,8 +11,8 @@ from ledgerbatch.commit.modes.catalog import MODES, mode_for
 from ledgerbatch.model.batch import BatchKind, BatchStatus
 from ledgerbatch.ops.verify import verify
 
-from .staged import (Pipe, Staged, batch, commit_in_child, cursors, parked, qrow, quarantine, row, staged_batch,
-                     staging_tables, start_commit_in_child, target, target_spec, wait_for_lock_waiters)
+from .staged import (Pipe, Staged, batch, commit_in_child, cursors, parked, qrow, quarantine, refused, row,
+                     staged_batch, staging_tables, start_commit_in_child, target, target_spec, wait_for_lock_waiters)
 
 pytestmark = pytest.mark.integration
 
@@ -21,6 +21,7 @@ class TargetModeContract:
     __test__ = False
     MODE: str
     COLUMNS = ["order_id", "customer", "amount", "ts", "_topic", "_partition", "_offset", "_batch_id"]
+    REFUSED_ROWS_QUARANTINED = True  # a mode whose rows are records quarantines the rows its target refuses
 
     @staticmethod
     def expect(rows: list[tuple]) -> list[tuple]:
@@ -65,6 +66,63 @@ class TargetModeContract:
         assert quarantine(engine, p) == []
         assert cursors(engine, p) == {0: 3}  # a replay never moves the live cursors
         assert verify(engine, p.spec) == []
+
+    def _refusing_target(self, engine, p: Pipe) -> None:
+        """The target as the user tightened it: amounts of 100 and more are refused."""
+        with engine.begin() as conn:
+            mode_for(p.spec).ensure_target(conn, target_spec(p))
+            conn.execute(text(f'ALTER TABLE public."{p.table}" ADD CONSTRAINT small_amounts CHECK (amount < 100)'))
+
+    def test_rows_the_target_refuses_are_quarantined_and_a_replay_retries_them(self, engine, make_pipe):
+        p = make_pipe(mode=self.MODE, max_ratio=0.9)
+        self._refusing_target(engine, p)
+        good = [(0, 0, "o-0", "1.00"), (0, 1, "o-1", "500.00"), (0, 2, "o-2", "2.00"), (0, 3, "o-3", "300.00")]
+        live = staged_batch(engine, p, {0: (0, 5)}, good=good, bad=[(0, 4, "bad")])
+        if not self.REFUSED_ROWS_QUARANTINED:
+            with pytest.raises(Exception, match="small_amounts"):
+                commit_batch(engine, p.spec, live.batch_id)
+            assert target(engine, p) == [] and quarantine(engine, p) == [] and cursors(engine, p) == {0: 0}
+            return
+        result = commit_batch(engine, p.spec, live.batch_id)
+        assert (result.rows_written, result.rows_quarantined, result.rows_rejected) == (2, 1, 2)
+        assert target(engine, p) == self.expect([row(0, 0, "o-0", "1.00", live.batch_id),
+                                                 row(0, 2, "o-2", "2.00", live.batch_id)])
+        assert refused(engine, p) == [(0, 1, live.batch_id, "23514", "small_amounts", "o-1"),
+                                      (0, 3, live.batch_id, "23514", "small_amounts", "o-3")]
+        assert quarantine(engine, p)[2] == qrow(0, 4, live.batch_id, "bad")
+        assert "refused by the target: new row for relation" in quarantine(engine, p)[0][3]
+        b = batch(engine, live.batch_id)
+        assert (b.records_read, b.rows_written, b.rows_quarantined, b.rows_rejected) == (5, 2, 1, 2)
+        assert cursors(engine, p) == {0: 5}
+        assert verify(engine, p.spec) == []
+
+        # The user widens the constraint and replays: the refused rows are delivered, their quarantine cleared.
+        with engine.begin() as conn:
+            conn.execute(text(f'ALTER TABLE public."{p.table}" DROP CONSTRAINT small_amounts'))
+        replay = staged_batch(engine, p, {0: (0, 5)}, good=good, bad=[(0, 4, "bad")], kind=BatchKind.REPLAY)
+        assert commit_batch(engine, p.spec, replay.batch_id).rows_rejected == 0
+        assert target(engine, p) == self.expect([row(0, off, oid, amount, replay.batch_id) for _, off, oid, amount in good])
+        assert refused(engine, p) == [] and quarantine(engine, p) == [qrow(0, 4, replay.batch_id, "bad")]
+        assert verify(engine, p.spec) == []
+
+    def test_on_reject_fail_fails_the_batch_with_nothing_written(self, engine, make_pipe):
+        p = make_pipe(mode=self.MODE, on_reject="fail")
+        self._refusing_target(engine, p)
+        s = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 0, "o-0", "1.00"), (0, 1, "o-1", "500.00")])
+        with pytest.raises(Exception, match="small_amounts"):
+            commit_batch(engine, p.spec, s.batch_id)
+        assert target(engine, p) == [] and quarantine(engine, p) == [] and cursors(engine, p) == {0: 0}
+        assert batch(engine, s.batch_id).status == BatchStatus.STAGED  # a retry after the fix commits it
+
+    def test_refused_rows_count_against_the_error_budget(self, engine, make_pipe):
+        p = make_pipe(mode=self.MODE, max_ratio=0.25)
+        self._refusing_target(engine, p)
+        s = staged_batch(engine, p, {0: (0, 3)}, good=[(0, 0, "o-0", "1.00"), (0, 1, "o-1", "500.00"),
+                                                       (0, 2, "o-2", "600.00")])
+        with pytest.raises(Exception, match="2 of 3 records are bad \\(2 refused by the target\\)"
+                           if self.REFUSED_ROWS_QUARANTINED else "small_amounts"):
+            commit_batch(engine, p.spec, s.batch_id)
+        assert target(engine, p) == [] and quarantine(engine, p) == [] and cursors(engine, p) == {0: 0}
 
     def test_a_replay_and_a_live_commit_interleaved_commit_one_after_the_other(self, engine, db_url, make_pipe):
         """The live commit has written the target and not yet committed (parked) when a replay of the
@@ -189,6 +247,7 @@ class TestAggregate(TargetModeContract):
     __test__ = True
     MODE = "aggregate"
     COLUMNS = ["order_id", "n", "amount", "_batch_id"]
+    REFUSED_ROWS_QUARANTINED = False  # a group stands for records nobody can name: a refused one fails the batch
 
     @staticmethod
     def expect(rows: list[tuple]) -> list[tuple]:

@@ -2,7 +2,9 @@
 
 `target.evolve: additive` adds a column the table lacks (nullable) and widens a column whose type
 the spec widened (SMALLINT -> INT -> BIGINT, FLOAT -> DOUBLE, a DECIMAL with more digits on either
-side of the point); anything else is refused, so nothing is ever narrowed or reinterpreted.
+side of the point); anything else is refused, so nothing is ever narrowed or reinterpreted. A text column
+the user narrowed to `varchar(n)` is accepted as it is: the target refuses values longer than n, and
+`errors.on_reject` says what becomes of their rows (commit/rejects.py).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from ledgerbatch.formats.schema import Column
 
 _NUMERIC = re.compile(r"^numeric\((\d+),(\d+)\)$")
+_NARROWED_TEXT = re.compile(r"^character varying\(\d+\)$")
 _WIDER = {"smallint": ("integer", "bigint"), "integer": ("bigint",), "real": ("double precision",)}
 
 
@@ -32,7 +35,7 @@ def plan_evolution(actual: dict[str, str], columns: tuple[Column, ...], additive
     add, widen, problems = [], [], []
     for c in columns:
         want, have = format_type(c), actual.get(c.name)
-        if have == want:
+        if have == want or (want == "text" and have is not None and _NARROWED_TEXT.match(have)):
             continue
         if have is None:
             (add if additive else problems).append(c if additive else f"{c.name} is missing")

@@ -49,5 +49,5 @@ def evolve_target(conn: Connection, spec: PipelineSpec, lineage=LINEAGE, at: tup
         conn.execute(text(query("add_column", column=c.name, type=Fragment(c.pg_type), **target)))
         log.info("%s.%s: added column %s %s", schema, table, c.name, c.pg_type)
     for c in change.widen:
-        conn.execute(text(query("widen_column", column=c.name, type=Fragment(c.pg_type), **target)))
+        conn.execute(text(query("set_column_type", column=c.name, type=Fragment(c.pg_type), **target)))
         log.info("%s.%s: widened column %s to %s", schema, table, c.name, c.pg_type)

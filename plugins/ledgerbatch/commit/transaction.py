@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.commit.modes.catalog import mode_for
+from ledgerbatch.commit.rejects import publish_or_reject
 from ledgerbatch.commit.target import lock_target
 from ledgerbatch.errors import FencedError, LedgerbatchError, ReconcileError
 from ledgerbatch.faults import crash_point, terminate_point
@@ -46,6 +47,7 @@ class CommitResult:
     rows_written: int
     rows_quarantined: int
     seconds: float
+    rows_rejected: int = 0
 
 
 def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None = None) -> CommitResult:
@@ -71,7 +73,8 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             raise LedgerbatchError(f"batch {batch_id} belongs to pipeline {batch.pipeline}, not {spec.name}")
         if batch.status == BatchStatus.COMMITTED:
             log.info("batch %d is already committed: nothing to do", batch_id)
-            return CommitResult(batch_id, True, batch.rows_written, batch.rows_quarantined, time.monotonic() - started)
+            return CommitResult(batch_id, True, batch.rows_written, batch.rows_quarantined, time.monotonic() - started,
+                                batch.rows_rejected)
         if batch.status != BatchStatus.STAGED:
             raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged: process it first")
         if attempt is not None and batch.attempt != attempt:
@@ -122,11 +125,18 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
 
             # 4. Publish the staged rows through the target mode (an append target takes a big batch's
-            #    staging table as a partition) and move bad records into quarantine; a replay first
-            #    clears what earlier deliveries of its ranges quarantined.
+            #    staging table as a partition), quarantining rows the target refuses (rejects.py), and move
+            #    bad records into quarantine; a replay first clears what earlier deliveries of its ranges
+            #    quarantined.
             mode = mode_for(spec)
             mode.ensure_target(conn, spec)
-            removed = mode.publish(conn, spec, batch) or 0
+            published = publish_or_reject(conn, mode, spec, batch)
+            removed = published.removed
+            if published.rejected:
+                recorded = replace(recorded, rows_rejected=published.rejected, rows_deleted=recorded.rows_deleted
+                                   - published.rejected_deletes, rows_written=recorded.rows_written
+                                   - (published.rejected - published.rejected_deletes))
+                check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
             if batch.kind != BatchKind.LIVE:
                 removed += clear_quarantine(conn, batch_id)
                 record_replaced(conn, batch_id, removed)
@@ -146,6 +156,8 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
     # Earlier attempts' tables may still be locked by a stalled attempt: drop them outside the commit.
     drop_finished_staging(engine, spec.name)
     seconds = time.monotonic() - started
-    log.info("%s batch %d committed: %d rows written, %d quarantined (commit %.2fs)",
-             batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, seconds)
-    return CommitResult(batch_id, False, recorded.rows_written, recorded.rows_quarantined, seconds)
+    refused = f", {recorded.rows_rejected} refused by the target" if recorded.rows_rejected else ""
+    log.info("%s batch %d committed: %d rows written, %d quarantined%s (commit %.2fs)",
+             batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, refused, seconds)
+    return CommitResult(batch_id, False, recorded.rows_written, recorded.rows_quarantined, seconds,
+                        recorded.rows_rejected)

@@ -49,7 +49,7 @@ def get_batch(conn: Connection, batch_id: int, for_update: bool = False) -> Batc
         range_counts={(r.topic, r.partition): r.records_read for r in ranges},
         records_filtered=row.records_filtered, groups_written=row.groups_written, output_schema=row.output_schema,
         rows_deleted=row.rows_deleted, records_skipped=row.records_skipped, spec_version=row.spec_version,
-        range_changes={(r.topic, r.partition): (r.rows_deleted, r.records_skipped) for r in ranges},
+        rows_rejected=row.rows_rejected, range_changes={(r.topic, r.partition): (r.rows_deleted, r.records_skipped) for r in ranges},
     )
 
 
@@ -168,6 +168,14 @@ def record_replaced(conn: Connection, batch_id: int, records: int) -> None:
     """A replay's commit: target rows and quarantined records of earlier deliveries it removed (append
     targets; `verify` counts with it)."""
     run(conn, "record_replaced", {"batch_id": batch_id, "records": records})
+
+
+def record_rejects(conn: Connection, batch_id: int, by_range: dict[TopicPartition, int], deletes: int) -> None:
+    """Rows the target refused, per range (of them `deletes` were deletes): counted as rejected, no
+    longer as written or deleted."""
+    run(conn, "record_rejects", {"batch_id": batch_id, "rows": sum(by_range.values()), "deletes": deletes})
+    for (topic, partition), rows in by_range.items():
+        run(conn, "record_range_rejects", {"batch_id": batch_id, "topic": topic, "partition": partition, "rows": rows})
 
 
 def newest_committed_batch(conn: Connection, pipeline: str) -> int | None:

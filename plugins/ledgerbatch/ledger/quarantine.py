@@ -18,3 +18,12 @@ def clear_quarantine(conn: Connection, batch_id: int) -> int:
 
 def quarantined_count(conn: Connection, pipeline: str) -> int:
     return run(conn, "quarantined_count", {"pipeline": pipeline}).scalar_one()
+
+
+def quarantine_refused(conn: Connection, units_table: str, batch_id: int, pipeline: str, refused) -> None:
+    """Rows the target refused (commit/rejects.py: `refused` numbers them in `units_table`), with the
+    server's SQLSTATE, constraint and message."""
+    run(conn, "quarantine_rejects", {"batch_id": batch_id, "pipeline": pipeline, "units": [r.unit for r in refused],
+                                     "sqlstates": [r.sqlstate for r in refused],
+                                     "constraints": [r.constraint for r in refused],
+                                     "messages": [r.message for r in refused]}, units=units_table)

@@ -61,6 +61,7 @@ class Batch:
     records_skipped: int = 0  # change pipelines: records skipped by design (tombstones)
     range_changes: dict[TopicPartition, tuple[int | None, int | None]] | None = None  # (deleted, skipped) per range
     spec_version: str | None = None  # the pipeline spec's version it was planned with (spec.version)
+    rows_rejected: int = 0  # staged rows the target refused at publish, quarantined by the commit
 
     @property
     def span(self) -> int:

@@ -13,6 +13,7 @@ class Counts:
     rows_quarantined: int
     rows_deleted: int = 0  # change pipelines: records that deleted a key
     records_skipped: int = 0  # change pipelines: records skipped by design (tombstones)
+    rows_rejected: int = 0  # staged rows the target refused at publish (commit/rejects.py)
 
     def __repr__(self) -> str:
         changes = (f", rows_deleted={self.rows_deleted}, records_skipped={self.records_skipped}"
@@ -22,13 +23,15 @@ class Counts:
 
 
 def check_error_budget(counts: Counts, policy: str, max_ratio: float) -> None:
-    """Too many bad records (or any, under policy `fail`) fails the batch before anything is committed."""
-    bad, read = counts.rows_quarantined, counts.records_read
+    """Too many bad records (or any, under policy `fail`) fails the batch before anything is committed;
+    rows the target refused count as bad."""
+    bad, read = counts.rows_quarantined + counts.rows_rejected, counts.records_read
+    refused = f" ({counts.rows_rejected} refused by the target)" if counts.rows_rejected else ""
     if bad and policy == "fail":
-        raise ReconcileError(f"{bad} of {read} records are bad and errors.policy is fail")
+        raise ReconcileError(f"{bad} of {read} records are bad{refused} and errors.policy is fail")
     if read and bad / read > max_ratio:
         raise ReconcileError(
-            f"{bad} of {read} records are bad ({bad / read:.1%}), {OVER_BUDGET} {max_ratio:.1%}"
+            f"{bad} of {read} records are bad{refused} ({bad / read:.1%}), {OVER_BUDGET} {max_ratio:.1%}"
         )
 
 

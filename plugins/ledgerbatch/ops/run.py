@@ -41,6 +41,7 @@ class RunSummary:
     records_read: int = 0
     rows_written: int = 0
     rows_quarantined: int = 0
+    rows_rejected: int = 0  # refused by the target at publish, kept in ledger.quarantine
     seconds: float = 0.0
     batch_ids: list[int] = field(default_factory=list)
 
@@ -91,10 +92,12 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
         summary.batches += 1
         summary.batch_ids.append(batch.batch_id)
         summary.records_read += batch.records_read
-        summary.rows_written += batch.rows_written
-        summary.rows_quarantined += batch.rows_quarantined
-        log.info("progress: %d batches, %d records read, %d rows written, %d quarantined (%s)",
+        summary.rows_written += result.rows_written
+        summary.rows_quarantined += result.rows_quarantined
+        summary.rows_rejected += result.rows_rejected
+        log.info("progress: %d batches, %d records read, %d rows written, %d quarantined, %d refused by the target (%s)",
                  summary.batches, summary.records_read, summary.rows_written, summary.rows_quarantined,
+                 summary.rows_rejected,
                  "already committed" if result.already_committed else f"commit {result.seconds:.2f}s")
     summary.seconds = time.monotonic() - started
     return summary

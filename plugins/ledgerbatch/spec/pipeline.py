@@ -21,7 +21,7 @@ _SECTION_KEYS = {
     "source": {"topics", "format", "converter", "schema", "start", "kafka", "metadata", "schema_registry"},
     "target": {"table", "mode", "key", "evolve", "measures", "deletes"},
     "batch": {"max_records"},
-    "errors": {"policy", "max_ratio"},
+    "errors": {"policy", "max_ratio", "on_reject"},
 }
 CONVERTERS = ("json", "avro")  # format debezium: Kafka Connect's JsonConverter (default) or Confluent's AvroConverter
 MERGES = ("sum", "min", "max")  # how an aggregate batch's value merges into the target's (commit/modes/aggregate.py)
@@ -42,6 +42,7 @@ class PipelineSpec:
     max_records: int = 100_000
     error_policy: str = "quarantine"
     max_error_ratio: float = 0.05
+    on_reject: str = "quarantine"  # quarantine | fail: rows the target refuses at publish (commit/rejects.py)
     schedule: str | None = None  # cron, an Airflow preset, or ON_NEW_DATA
     kafka_options: tuple[tuple[str, str], ...] = ()
     transform: tuple[tuple[str, str], ...] = ()  # (column, Spark SQL expression over the parsed columns)
@@ -209,6 +210,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         raise SpecError(f"batch.max_records must be a positive integer, got {max_records!r}")
     policy = _choice(errors.get("policy", "quarantine"), "errors.policy", ("quarantine", "fail"))
     ratio = errors.get("max_ratio", 0.05)
+    on_reject = _choice(errors.get("on_reject", "quarantine"), "errors.on_reject", ("quarantine", "fail"))
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
         raise SpecError(f"errors.max_ratio must be a number between 0 and 1, got {ratio!r}")
     evolve = _choice(target.get("evolve", "additive" if fmt in REGISTRY_FORMATS else "none"), "target.evolve",
@@ -229,6 +231,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         max_records=max_records,
         error_policy=policy,
         max_error_ratio=float(ratio),
+        on_reject=on_reject,
         schedule=schedule,
         kafka_options=tuple(sorted((str(k), str(v)) for k, v in kafka_options.items())),
         transform=tuple(transform.items()),

@@ -43,6 +43,12 @@ def column_names(spec: PipelineSpec) -> list[str]:
     return [c.name for c in spec.stored_columns]
 
 
+def staging_columns(conn: Connection, staging: str) -> list[str]:
+    """A staging table's columns as they are, in order."""
+    return [r.column_name for r in conn.execute(text(query("table_columns")),
+                                                {"schema": "ledger_staging", "table": staging})]
+
+
 def staged_column_names(spec: PipelineSpec) -> list[str]:
     """The staged good rows' columns before lineage: the target's, and what a change does (parse.CHANGE)."""
     return column_names(spec) + (["_change"] if spec.changes else [])

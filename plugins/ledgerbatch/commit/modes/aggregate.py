@@ -35,6 +35,7 @@ def contributions_table(spec: PipelineSpec) -> str:
 
 class Aggregate(TargetMode):
     rows_match_records = False  # many records make one group
+    rows_are_records = False  # a group the target refuses stands for records nobody can name: it fails the batch
 
     def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
         conn.execute(text(query("create_target_aggregate", defs=column_defs(spec), key=list(spec.key),
@@ -47,7 +48,7 @@ class Aggregate(TargetMode):
         evolve_target(conn, spec, lineage=(BATCH_ID,))
         evolve_target(conn, spec, lineage=(BATCH_ID,), at=("ledger_aggregates", contributions_table(spec)))
 
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> None:
         names = self._names(spec, batch)
         conn.execute(text(query("insert_contributions", **names)))  # before a replay's recompute reads them
         if batch.kind == BatchKind.LIVE:

@@ -1,7 +1,8 @@
 """`mode: append`: every good record is a row, unique on its source coordinates.
 
 Append targets are range-partitioned by batch id (partitions.py): a big batch's staging table is
-attached as a partition (metadata only), a small one is copied. A replay first deletes what earlier
+attached as a partition (metadata only), a small one is copied. A target the user gave triggers has its
+rows copied even into a new partition, since ATTACH fires no trigger. A replay first deletes what earlier
 deliveries of its ranges left in the target.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Append(TargetMode):
     def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
         conn.execute(text(query("create_target_append", defs=target_defs(spec), **target_names(spec))))
 
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> int:
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> int:
         target = target_names(spec)
         staging, batch_id = batch.staging_table, batch.batch_id
         removed = 0
@@ -46,7 +47,7 @@ class Append(TargetMode):
             plan = plan_publish(batch_id, batch.rows_written, existing, partitions.ATTACH_MIN_ROWS,
                                 newest_committed_batch(conn, spec.name))
         if plan is None or not plan.attach:
-            conn.execute(text(query("insert_append", staging=staging, columns=column_names(spec), **target)))
+            conn.execute(text(query("insert_append", staging=rows or staging, columns=column_names(spec), **target)))
             return removed
         if not layout.can_attach:
             raise SpecError(f"target {spec.target_schema}.{spec.target_table}: this login may not add partitions to "
@@ -54,19 +55,34 @@ class Append(TargetMode):
         if plan.close:
             conn.execute(text(query("close_partition", partition=plan.close.name, **target)),
                          {"lower": plan.close.lower, "upper": batch_id})
-        _align_staging(conn, target, staging)
         upper = Fragment("MAXVALUE" if plan.upper is None else str(int(plan.upper)))
-        conn.execute(text(query("attach_partition", staging=staging, partition=partition_name(spec.target_table, batch_id),
-                                upper=upper, **target)), {"batch_id": batch_id})
+        partition = partition_name(spec.target_table, batch_id)
+        if rows is not None or layout.has_triggers:  # copied into an empty partition in the staging table's place
+            conn.execute(text(query("create_partition", partition=partition, upper=upper, **target)),
+                         {"batch_id": batch_id})
+            conn.execute(text(query("insert_append", staging=rows or staging, columns=column_names(spec), **target)))
+            return removed
+        _align_staging(conn, target, staging)
+        conn.execute(text(query("attach_partition", staging=staging, partition=partition, upper=upper, **target)),
+                     {"batch_id": batch_id})
         return removed
 
 
 def _align_staging(conn: Connection, target: dict, staging: str) -> None:
-    """A partition needs every column of the target: one the spec no longer lists (a field the
-    schema dropped) is added to the staging table, NULL, before it is attached."""
+    """A partition must match its table: a column the spec no longer lists (a field the schema dropped) is
+    added to the staging table, NULL; a column the user narrowed (`varchar(n)`) or made NOT NULL, and the
+    user's CHECK constraints, are given to it too. Any of these the staged rows break raises the server's
+    row error, which commit/rejects.py turns into refused rows."""
     columns = text(query("table_columns"))
-    staged = {r.column_name for r in conn.execute(columns, {"schema": "ledger_staging", "table": staging})}
+    at = {"schema": "ledger_staging", "table": staging}
+    staged = {r.column_name: r for r in conn.execute(columns, at)}
     for r in conn.execute(columns, target).all():
-        if r.column_name not in staged:
-            conn.execute(text(query("add_column", schema="ledger_staging", table=staging, column=r.column_name,
-                                    type=Fragment(r.type))))
+        have = staged.get(r.column_name)
+        if have is None:
+            conn.execute(text(query("add_column", column=r.column_name, type=Fragment(r.type), **at)))
+        elif have.type != r.type:
+            conn.execute(text(query("set_column_type", column=r.column_name, type=Fragment(r.type), **at)))
+        if r.not_null and not (have and have.not_null):
+            conn.execute(text(query("set_not_null", column=r.column_name, **at)))
+    for check in conn.execute(text(query("table_checks")), target).all():
+        conn.execute(text(query("add_check", constraint=check.name, definition=Fragment(check.definition), **at)))

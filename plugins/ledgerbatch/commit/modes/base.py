@@ -19,6 +19,8 @@ from ledgerbatch.stage.tables import column_names
 class TargetMode(ABC):
     #: every record read is a target row or quarantined, so `verify` can count them
     rows_match_records: bool
+    #: every staged row stands for one record, so a row the target refuses can be quarantined as that record
+    rows_are_records: bool = True
 
     def ensure_target(self, conn: Connection, spec: PipelineSpec) -> None:
         """Create the target on first use, evolve it as the spec allows, refuse it if it disagrees."""
@@ -30,10 +32,16 @@ class TargetMode(ABC):
         """CREATE TABLE IF NOT EXISTS in this mode's shape."""
 
     @abstractmethod
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> int | None:
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> int | None:
         """Move the batch's staged good rows (ledger_staging.<batch.staging_table>) into the target. Where
         rows match records (`rows_match_records`), a replay returns how many rows of earlier deliveries of
-        its ranges it removed, for `verify`'s count."""
+        its ranges it removed, for `verify`'s count. `rows` names a relation in ledger_staging holding part
+        of the staged rows to publish instead (commit/rejects.py probes runs of rows); what a replay removes
+        is still decided by the whole batch."""
+
+    def unit_order(self, spec: PipelineSpec) -> str:
+        """The order in which refused rows are looked for (commit/rejects.py): by coordinates."""
+        return "_topic, _partition, _offset"
 
     def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
         """A staged replay against the target, as (added, removed, changed, unchanged) rows."""

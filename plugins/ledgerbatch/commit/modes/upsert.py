@@ -38,18 +38,22 @@ class Upsert(TargetMode):
         if spec.changes:
             evolve_target(conn, spec, at=("ledger_deletes", deletes_table(spec)))
 
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch) -> None:
+    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> None:
         updated = column_names(spec) + [c.name for c in LINEAGE]
         set_list = Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
         if spec.changes:
-            return self._publish_changes(conn, spec, batch, set_list)
+            return self._publish_changes(conn, spec, batch, set_list, rows)
         if batch.kind != BatchKind.LIVE:
             conn.execute(text(query("replay_drop_stale", staging=batch.staging_table, match_t=_match("t", spec.key),
                                     **target_names(spec))), range_arrays(batch.ranges))
         sql = query("insert_upsert" if batch.kind == BatchKind.LIVE else "replay_upsert", key=list(spec.key),
-                    set_list=set_list, staging=batch.staging_table, columns=column_names(spec),
+                    set_list=set_list, staging=rows or batch.staging_table, columns=column_names(spec),
                     **target_names(spec))
         conn.execute(text(sql), range_arrays(batch.ranges))
+
+    def unit_order(self, spec: PipelineSpec) -> str:
+        """A key's rows next to each other, in the order the last of them wins."""
+        return ", ".join([quote_ident(k) for k in spec.key] + ["_offset", "_partition"])
 
     def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
         """A dry run by key, as the replay would decide: a change pipeline's winning changes add or change
@@ -76,13 +80,14 @@ class Upsert(TargetMode):
         return problems
 
     @staticmethod
-    def _publish_changes(conn: Connection, spec: PipelineSpec, batch: Batch, set_list: Fragment) -> None:
+    def _publish_changes(conn: Connection, spec: PipelineSpec, batch: Batch, set_list: Fragment,
+                         rows: str | None) -> None:
         """Each key's last change that wins (last_changes) deletes or upserts its row, and moves the key
         out of or into the pipeline's deletes."""
         names = Upsert._change_names(spec, batch, set_list)
         if batch.kind != BatchKind.LIVE:
             conn.execute(text(query("replay_drop_stale_changes", **names)), range_arrays(batch.ranges))
-        conn.execute(text(query("last_changes", **names)),
+        conn.execute(text(query("last_changes", **(names | {"staging": rows or batch.staging_table}))),
                      {"live": batch.kind == BatchKind.LIVE, **range_arrays(batch.ranges)})
         for step in ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes", "drop_last_changes"):
             conn.execute(text(query(step, **names)))

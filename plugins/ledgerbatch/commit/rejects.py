@@ -1,0 +1,158 @@
+"""Rows the target refuses at publish (`errors.on_reject: quarantine`), found inside the commit's transaction.
+
+The batch is published in a savepoint. Where the server refuses a row (a data exception or an integrity
+violation: SQLSTATE classes 22 and 23, or a trigger's RAISE, P0001), the staged rows are numbered in the
+mode's order and bisected: a run of rows is published in a savepoint of its own and kept if the server takes
+it, halved if not, down to single rows, which are the refused ones. k refused rows of n cost O(k log n)
+statements; a clean batch pays one savepoint. The probes are then rolled back, the refused rows moved from
+staging to ledger.quarantine with the server's reason, and the rest published once, as a clean batch is
+(an append target may still take the staging table as a partition: it holds no refused row). Rows are
+judged together with the rows published before them, so a row the rest of the batch makes unacceptable
+(a duplicate of a user's unique index) is found as well; a final publish that is still refused goes round
+again, each round taking at least one row out.
+
+Any other error (connection lost, deadlock, serialization failure, lock timeout, disk full, permission
+denied) is the server's state, not the row's: it fails the batch, which is retried; nothing is quarantined.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+
+from ledgerbatch.commit.modes.base import TargetMode
+from ledgerbatch.errors import LedgerbatchError, RowsRefusedError
+from ledgerbatch.identifiers import quote_ident
+from ledgerbatch.ledger.batches import record_rejects
+from ledgerbatch.ledger.quarantine import quarantine_refused
+from ledgerbatch.model.batch import Batch
+from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.sqlfiles import Fragment, query
+from ledgerbatch.stage.tables import staging_columns
+
+log = logging.getLogger(__name__)
+
+ROW_ERROR_CLASSES = ("22", "23")  # data exception, integrity constraint violation
+TRIGGER_RAISE = "P0001"  # RAISE EXCEPTION without a SQLSTATE, as a trigger does
+
+
+@dataclass(frozen=True)
+class Refusal:
+    unit: int  # the row's number in the units table
+    sqlstate: str
+    constraint: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class Published:
+    removed: int  # what a replay's publish removed of earlier deliveries (TargetMode.publish)
+    rejected: int  # rows refused and quarantined
+    rejected_deletes: int  # of them, changes that were deletes
+
+
+def row_error(exc: BaseException) -> bool:
+    """Whether the server refused a row, not the statement's circumstances."""
+    code = getattr(getattr(exc, "orig", None), "pgcode", None) or ""
+    return code[:2] in ROW_ERROR_CLASSES or code == TRIGGER_RAISE
+
+
+def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch) -> Published:
+    """Publish the batch; with `errors.on_reject: quarantine` move the rows the target refuses to quarantine
+    first. Under `fail` the batch fails naming a refused record; where rows are not records (aggregate
+    groups) the server's error fails it."""
+    rejected = deletes = 0
+    while True:
+        try:
+            with conn.begin_nested():
+                return Published(mode.publish(conn, spec, batch) or 0, rejected, deletes)
+        except DBAPIError as exc:
+            if not row_error(exc) or not mode.rows_are_records:
+                raise
+            log.warning("batch %d: the target refused a row (%s): finding the refused rows",
+                        batch.batch_id, _reason(exc).message)
+        names = {"staging": batch.staging_table, "units": f"{batch.staging_table}_units",
+                 "slice": f"{batch.staging_table}_slice"}
+        refused, total = _find_refused(conn, mode, spec, batch, names)
+        if spec.on_reject == "fail":
+            raise RowsRefusedError(_refusal_report(conn, batch, names, refused, total))
+        rows, dels = _quarantine(conn, spec, batch, names, refused, total)
+        rejected, deletes = rejected + rows, deletes + dels
+
+
+def _find_refused(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch,
+                  names: dict) -> tuple[list[Refusal], int]:
+    """Number the staged rows and bisect them; returns the refused ones and how many rows there are."""
+    columns = Fragment(", ".join(quote_ident(c) for c in staging_columns(conn, batch.staging_table)))
+    total = conn.execute(text(query("number_units", order=Fragment(mode.unit_order(spec)), **names))).rowcount
+    conn.execute(text(query("index_units", **names)))
+    conn.execute(text(query("slice_view", columns=columns, **names)))
+    with conn.begin_nested() as probes:
+        refused = _bisect(conn, mode, spec, batch, names["slice"], total)
+        probes.rollback()  # the probes only judged the rows: the batch is published once, after them
+    return refused, total
+
+
+def _quarantine(conn: Connection, spec: PipelineSpec, batch: Batch, names: dict, refused: list[Refusal],
+                total: int) -> tuple[int, int]:
+    """Move the refused rows to quarantine and out of staging, and count them in the ledger. Returns (rows,
+    of them deletes)."""
+    units = [r.unit for r in refused]
+    quarantine_refused(conn, names["units"], batch.batch_id, spec.name, refused)
+    is_delete = Fragment("_change = 'd'" if spec.changes else "false")
+    by_range = conn.execute(text(query("rejected_by_range", is_delete=is_delete, **names)), {"units": units}).all()
+    conn.execute(text(query("delete_rejected", **names)), {"units": units})
+    conn.execute(text(query("drop_units", **names)))
+    rows, deletes = sum(r.rows for r in by_range), sum(r.deletes for r in by_range)
+    record_rejects(conn, batch.batch_id, {(r.topic, r.partition): r.rows for r in by_range}, deletes)
+    log.warning("batch %d: %d of %d staged rows refused by the target and quarantined (%s)", batch.batch_id,
+                rows, total, ", ".join(sorted({f"{r.sqlstate} {r.constraint or ''}".strip() for r in refused})))
+    return rows, deletes
+
+
+def _refusal_report(conn: Connection, batch: Batch, names: dict, refused: list[Refusal], total: int) -> str:
+    first = refused[0]
+    at = conn.execute(text(query("unit_coordinates", **names)), {"unit": first.unit}).one()
+    return (f"batch {batch.batch_id}: the target refused {len(refused)} of {total} rows, the first "
+            f"{at.topic}[{at.partition}] offset {at.offset}: {first.message} (SQLSTATE {first.sqlstate}"
+            f"{', constraint ' + first.constraint if first.constraint else ''}); errors.on_reject is fail, so nothing "
+            f"was written: fix the records or the target and run again, or set errors.on_reject: quarantine")
+
+
+def _bisect(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch, slice_view: str,
+            total: int) -> list[Refusal]:
+    """Publish rows 1..total in runs through `slice_view`, each kept where the server takes it, halved where
+    it refuses."""
+    refused: list[Refusal] = []
+    pending = [(1, total)]
+    while pending:
+        first, last = pending.pop()
+        conn.execute(text(query("set_slice")), {"first": str(first), "last": str(last)})
+        try:
+            with conn.begin_nested():
+                mode.publish(conn, spec, batch, rows=slice_view)
+            continue
+        except DBAPIError as exc:
+            if not row_error(exc):
+                raise
+            if first == last:
+                refused.append(replace(_reason(exc), unit=first))
+                continue
+        middle = (first + last) // 2
+        pending += [(middle + 1, last), (first, middle)]  # the first half next: rows keep their order
+    if not refused:
+        raise LedgerbatchError(f"batch {batch.batch_id}: the target refused the batch as a whole but took each of its "
+                               f"rows: nothing to quarantine, the batch fails")
+    return refused
+
+
+def _reason(exc: DBAPIError) -> Refusal:
+    orig = exc.orig
+    diag = getattr(orig, "diag", None)
+    message = (getattr(diag, "message_primary", None) or str(orig).splitlines()[0]).strip()
+    detail = getattr(diag, "message_detail", None)
+    return Refusal(0, orig.pgcode, getattr(diag, "constraint_name", None),
+                   f"{message} ({detail})" if detail else message)

@@ -1,0 +1,40 @@
+-- Rows the target refuses at publish (plugins/ledgerbatch/commit/rejects.py), inside the commit's transaction.
+
+-- name: number_units
+-- Every staged row numbered in the mode's order (an upsert key's rows next to each other), so that a probe
+-- publishes a run of them through the view {slice}.
+CREATE TABLE ledger_staging.{units} AS
+SELECT row_number() OVER (ORDER BY {order}) AS _unit, s.* FROM ledger_staging.{staging} s;
+
+-- name: index_units
+CREATE INDEX ON ledger_staging.{units} (_unit);
+
+-- name: slice_view
+-- The run of rows a probe publishes; the bounds are transaction-local settings (set_slice), so one view
+-- serves every probe.
+CREATE VIEW ledger_staging.{slice} AS
+SELECT {columns} FROM ledger_staging.{units}
+WHERE _unit BETWEEN CAST(current_setting('ledgerbatch.slice_from') AS bigint)
+                AND CAST(current_setting('ledgerbatch.slice_to') AS bigint);
+
+-- name: set_slice
+SELECT set_config('ledgerbatch.slice_from', :first, true), set_config('ledgerbatch.slice_to', :last, true);
+
+-- name: unit_coordinates
+SELECT _topic AS topic, _partition AS partition, _offset AS "offset" FROM ledger_staging.{units} WHERE _unit = :unit;
+
+-- name: rejected_by_range
+SELECT _topic AS topic, _partition AS partition, count(*) AS rows, count(*) FILTER (WHERE {is_delete}) AS deletes
+FROM ledger_staging.{units}
+WHERE _unit = ANY(CAST(:units AS bigint[]))
+GROUP BY 1, 2;
+
+-- name: delete_rejected
+DELETE FROM ledger_staging.{staging} s
+USING ledger_staging.{units} u
+WHERE u._unit = ANY(CAST(:units AS bigint[]))
+  AND s._topic = u._topic AND s._partition = u._partition AND s._offset = u._offset;
+
+-- name: drop_units
+DROP VIEW ledger_staging.{slice};
+DROP TABLE ledger_staging.{units};
