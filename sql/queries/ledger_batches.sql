@@ -11,13 +11,13 @@ WHERE pipeline = :pipeline AND kind = 'live' AND status IN ('planned', 'staged',
 -- name: get_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
        rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped,
-       spec_version, rows_rejected
+       spec_version, rows_rejected, records_superseded
 FROM ledger.batches WHERE batch_id = :batch_id;
 
 -- name: lock_batch
 SELECT batch_id, pipeline, kind, status, attempt, staging_table, records_read, rows_written,
        rows_quarantined, error, records_filtered, groups_written, output_schema, rows_deleted, records_skipped,
-       spec_version, rows_rejected
+       spec_version, rows_rejected, records_superseded
 FROM ledger.batches WHERE batch_id = :batch_id FOR UPDATE;
 
 -- name: get_ranges
@@ -138,13 +138,14 @@ WHERE r.pipeline = :pipeline AND r.committed AND r.batch_id <> :batch_id
       WHERE o.pipeline = :pipeline AND o.committed)
 ORDER BY r.batch_id, r.topic, r.partition;
 
--- name: record_rejects
--- Refused rows were staged as written (or as deletes): they move to rows_rejected.
+-- name: record_set_aside
+-- Staged rows the commit did not publish, refused by the target (rows_rejected) or older than their key's
+-- newest change (records_superseded), were staged as written (or as deletes): they move to {bucket}.
 UPDATE ledger.batches
 SET rows_written = rows_written - (:rows - :deletes), rows_deleted = rows_deleted - :deletes,
-    rows_rejected = rows_rejected + :rows, updated_at = now()
+    {bucket} = {bucket} + :rows, updated_at = now()
 WHERE batch_id = :batch_id;
 
--- name: record_range_rejects
-UPDATE ledger.batch_ranges SET records_rejected = records_rejected + :rows
+-- name: record_range_set_aside
+UPDATE ledger.batch_ranges SET {bucket} = {bucket} + :rows
 WHERE batch_id = :batch_id AND topic = :topic AND partition = :partition;

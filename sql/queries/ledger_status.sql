@@ -13,7 +13,7 @@ ORDER BY c.topic, c.partition;
 -- name: status_batches
 -- The most recent batches, newest first, with their ages and phase durations in seconds.
 SELECT batch_id, kind, status, attempt, records_read, rows_written, rows_quarantined, error,
-       rows_deleted, records_skipped, records_filtered, rows_rejected,
+       rows_deleted, records_skipped, records_filtered, rows_rejected, records_superseded,
        extract(epoch FROM now() - updated_at)::float AS age_s,
        extract(epoch FROM staged_at - created_at)::float AS planned_to_staged_s,
        extract(epoch FROM committed_at - staged_at)::float AS staged_to_committed_s

@@ -121,10 +121,12 @@ ON CONFLICT ({key}) DO UPDATE SET {set_list};
 DELETE FROM ledger_deletes.{deletes} d USING lb_last_changes c WHERE c._change = 'u' AND {match_d};
 
 -- name: record_deletes
-INSERT INTO ledger_deletes.{deletes} ({key}, _topic, _partition, _offset, _batch_id)
-SELECT {key}, _topic, _partition, _offset, _batch_id FROM lb_last_changes WHERE _change = 'd'
+-- A deleted key with its coordinates, and its version where target.version orders the changes ({kept}).
+INSERT INTO ledger_deletes.{deletes} ({kept}, _topic, _partition, _offset, _batch_id)
+SELECT {kept}, _topic, _partition, _offset, _batch_id FROM lb_last_changes WHERE _change = 'd'
 ON CONFLICT ({key}) DO UPDATE
-SET _topic = EXCLUDED._topic, _partition = EXCLUDED._partition, _offset = EXCLUDED._offset, _batch_id = EXCLUDED._batch_id;
+SET ({kept}, _topic, _partition, _offset, _batch_id)
+    = ROW({kept_excluded}, EXCLUDED._topic, EXCLUDED._partition, EXCLUDED._offset, EXCLUDED._batch_id);
 
 -- name: drop_last_changes
 DROP TABLE lb_last_changes;

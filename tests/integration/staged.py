@@ -33,6 +33,7 @@ SCHEMA = "order_id STRING, customer STRING, amount DECIMAL(12,2), ts TIMESTAMP"
 GROUPS = "SELECT order_id, count(*) AS n, sum(amount) AS amount FROM batch GROUP BY order_id"
 GROUPS_OUTPUT = "order_id STRING, n BIGINT, amount DECIMAL(22,2)"
 _names = itertools.count()
+TS = "2026-11-21T10:00:00Z"  # every staged row's ts, unless the row gives its own (its version)
 
 
 class Pipe:
@@ -40,7 +41,7 @@ class Pipe:
 
     def __init__(self, directory: Path, mode: str = "append", max_ratio: float = 0.5, policy: str = "quarantine",
                  deletes: bool = False, query: str | None = None, max_records: int | None = None,
-                 on_reject: str | None = None):
+                 on_reject: str | None = None, version: str | None = None):
         self.name = f"c{os.getpid()}_{next(_names)}"
         self.topic = f"t_{self.name}"
         self.table = f"target_{self.name}"
@@ -57,6 +58,10 @@ class Pipe:
             doc["transform"] = GROUPS
         if deletes:  # a change pipeline: a tombstone deletes its key (staged rows carry _change)
             target["deletes"] = True
+        if version:  # a versioned upsert: the newest `version` of a key wins (a change pipeline's by _timestamp)
+            target["version"] = version
+            if version == "_timestamp":
+                doc["source"]["metadata"] = ["timestamp"]
         if query:
             doc["transform"] = query
         if max_records:
@@ -109,10 +114,11 @@ def begin(engine, p: Pipe, batch_id: int) -> Staged:
 
 def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
          counts: dict[int, tuple[int, int]] | None = None, filtered: int = 0) -> None:
-    """Good rows (partition, offset, order_id, amount) and bad records (partition, offset, error) by
-    plain INSERTs, then mark_staged with `counts` {partition: (rows incl. bad, bad)} (by default the
+    """Good rows (partition, offset, order_id, amount[, version]) and bad records (partition, offset, error)
+    by plain INSERTs, then mark_staged with `counts` {partition: (rows incl. bad, bad)} (by default the
     true counts of what was inserted). A change pipeline's amount None is a delete of the key; a query
-    pipeline's `filtered` records were read (give `counts`) but dropped by its query."""
+    pipeline's `filtered` records were read (give `counts`) but dropped by its query. The version (a
+    timestamp, default TS) goes to `ts`, and to `_timestamp` where the spec has it."""
     with engine.begin() as conn:
         if good and p.spec.mode == "aggregate":
             groups: dict[str, list] = {}
@@ -123,21 +129,23 @@ def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
                               "VALUES (:order_id, :n, :amount, :batch_id)"),
                          [{"order_id": oid, "n": n, "amount": total, "batch_id": s.batch_id}
                           for oid, (n, total) in groups.items()])
-        elif good and p.spec.changes:  # (partition, offset, order_id, amount or None for a delete)
+        elif good and p.spec.changes:  # (partition, offset, order_id, amount or None for a delete[, version])
+            stamp = ", _timestamp" if "timestamp" in p.spec.metadata else ""
             conn.execute(text(
-                f'INSERT INTO ledger_staging."{s.staging}" (order_id, customer, amount, ts, _change, _topic, _partition, '
-                "_offset, _batch_id) VALUES (:order_id, :customer, :amount, :ts, :change, :topic, :partition, :offset, "
-                ":batch_id)"),
+                f'INSERT INTO ledger_staging."{s.staging}" (order_id, customer, amount, ts{stamp}, _change, _topic, '
+                f"_partition, _offset, _batch_id) VALUES (:order_id, :customer, :amount, :ts{stamp and ', :version'}, "
+                ":change, :topic, :partition, :offset, :batch_id)"),
                 [{"order_id": oid, "customer": None if amount is None else "c", "amount": amount,
-                  "ts": None if amount is None else "2026-11-21T10:00:00Z", "change": "d" if amount is None else "u",
-                  "topic": p.topic, "partition": part, "offset": off, "batch_id": s.batch_id}
-                 for part, off, oid, amount in good])
+                  "ts": None if amount is None and not version else (version or [TS])[0], "version": (version or [TS])[0],
+                  "change": "d" if amount is None else "u", "topic": p.topic, "partition": part, "offset": off,
+                  "batch_id": s.batch_id}
+                 for part, off, oid, amount, *version in good])
         elif good:
             conn.execute(text(
                 f'INSERT INTO ledger_staging."{s.staging}" (order_id, customer, amount, ts, _topic, _partition, _offset, _batch_id) '
-                "VALUES (:order_id, 'c', :amount, '2026-11-21T10:00:00Z', :topic, :partition, :offset, :batch_id)"),
-                [{"order_id": oid, "amount": amount, "topic": p.topic, "partition": part, "offset": off,
-                  "batch_id": s.batch_id} for part, off, oid, amount in good])
+                "VALUES (:order_id, 'c', :amount, :ts, :topic, :partition, :offset, :batch_id)"),
+                [{"order_id": oid, "amount": amount, "ts": (version or [TS])[0], "topic": p.topic, "partition": part,
+                  "offset": off, "batch_id": s.batch_id} for part, off, oid, amount, *version in good])
         if bad:
             conn.execute(text(
                 f'INSERT INTO ledger_staging."{bad_name(s.staging)}" (_topic, _partition, _offset, _error, _key, _value) '

@@ -8,13 +8,15 @@ from sqlalchemy import text
 
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.commit.modes.catalog import MODES, mode_for
+from ledgerbatch.errors import SpecError
 from ledgerbatch.model.batch import BatchKind, BatchStatus
 from ledgerbatch.ops.verify import verify
 
-from .staged import (Pipe, Staged, batch, commit_in_child, cursors, parked, qrow, quarantine, refused, row,
+from .staged import (TS, Pipe, Staged, batch, commit_in_child, cursors, parked, qrow, quarantine, refused, row,
                      staged_batch, staging_tables, start_commit_in_child, target, target_spec, wait_for_lock_waiters)
 
 pytestmark = pytest.mark.integration
+T0, T1, T2, T3 = TS, "2026-11-21T10:00:01Z", "2026-11-21T10:00:02Z", "2026-11-21T10:00:03Z"
 
 
 class TargetModeContract:
@@ -152,6 +154,38 @@ class TargetModeContract:
         return [row(0, 0, "o-0", "1.50", replay), row(0, 1, "o-1", "2.00", replay),
                 row(0, 2, "o-1", "5.00", live), row(0, 3, "o-3", "3.00", live)]
 
+    # The out-of-order case: versions T0 < T1 < T2 < T3 arrive late, early and twice.
+    OUT_OF_ORDER = ([(0, 0, "o-1", "1.00", T3), (0, 1, "o-2", "2.00", T1), (0, 2, "o-2", "3.00", T0)],
+                    [(0, 3, "o-1", "4.00", T2), (0, 4, "o-2", "5.00", T2)])
+
+    @staticmethod
+    def expect_out_of_order(first: int, second: int, replay: int) -> tuple[list[tuple], tuple[int, int, int]] | None:
+        """The target after OUT_OF_ORDER's two batches and a replay of the first, and the changes each of
+        the three superseded; None: the mode refuses `target.version`."""
+        return None
+
+    def test_changes_that_arrive_out_of_order(self, engine, make_pipe):
+        expected = self.expect_out_of_order(0, 0, 0)
+        if expected is None:
+            with pytest.raises(SpecError, match=f"target.version orders the changes of a key: it needs target.mode "
+                                                f"upsert, not {self.MODE}"):
+                make_pipe(mode=self.MODE, version="ts")
+            return
+        p = make_pipe(mode=self.MODE)
+        first, second = self.OUT_OF_ORDER
+        one = staged_batch(engine, p, {0: (0, 3)}, good=first)
+        commit_batch(engine, p.spec, one.batch_id)
+        two = staged_batch(engine, p, {0: (3, 5)}, good=second)
+        commit_batch(engine, p.spec, two.batch_id)
+        replay = staged_batch(engine, p, {0: (0, 3)}, good=first, kind=BatchKind.REPLAY)
+        commit_batch(engine, p.spec, replay.batch_id)
+        rows, superseded = self.expect_out_of_order(one.batch_id, two.batch_id, replay.batch_id)
+        assert target(engine, p) == rows
+        for b, n in zip((one, two, replay), superseded):
+            counted = batch(engine, b.batch_id)
+            assert (counted.records_superseded, counted.rows_written) == (n, counted.records_read - n)
+        assert verify(engine, p.spec) == []
+
     def test_rows_match_records_says_whether_verify_may_count(self, engine, make_pipe):
         p = make_pipe(mode=self.MODE)
         s = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 0, "same", "1.00"), (0, 1, "same", "2.00")])
@@ -240,6 +274,28 @@ class TestUpsert(TargetModeContract):
     def expect_interleaved(first: int, live: int, replay: int) -> list[tuple]:
         # o-1's newer value (offset 2, the live batch) stays: the replay's offset 1 is older
         return [row(0, 0, "o-0", "1.50", replay), row(0, 2, "o-1", "5.00", live), row(0, 3, "o-3", "3.00", live)]
+
+    @staticmethod
+    def expect_out_of_order(first: int, second: int, replay: int):
+        # without a version the higher offset wins, the later batch's; the replay's rows are all replaced
+        return [row(0, 3, "o-1", "4.00", second), row(0, 4, "o-2", "5.00", second)], (0, 0, 0)
+
+
+class TestVersionedUpsert(TargetModeContract):
+    """`upsert` with `target.version: ts`: the contract's rows share one ts, so the higher coordinate wins
+    as it does without a version; OUT_OF_ORDER's versions decide."""
+    __test__ = True
+    MODE = "upsert"
+    expect_interleaved = staticmethod(TestUpsert.expect_interleaved)
+
+    @pytest.fixture
+    def make_pipe(self, make_pipe):
+        return lambda **kw: make_pipe(version="ts", **kw)
+
+    @staticmethod
+    def expect_out_of_order(first: int, second: int, replay: int):
+        # o-1's T3 (offset 0) stays and its replay re-applies it; o-2's T2 (offset 4) beats T1 and T0, also replayed
+        return [row(0, 0, "o-1", "1.00", replay), row(0, 4, "o-2", "5.00", second)], (1, 1, 2)
 
 
 class TestAggregate(TargetModeContract):

@@ -149,3 +149,38 @@ def test_avro_debezium_without_a_registry_url_is_refused_at_load():
     with pytest.raises(ConfigError, match="format debezium with converter avro needs a schema registry url"):
         with_registry(spec, {})
     assert dict(with_registry(spec, {"url": "http://r"}).format_options) == {"url": "http://r"}
+
+
+UPSERT = {"target__mode": "upsert", "target__key": ["order_id"]}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"target__version": "ts"}, "target.version orders the changes of a key: it needs target.mode upsert, not append"),
+    ({**UPSERT, "target__version": ["ts"]}, "target.version must be a column name, got ['ts']"),
+    ({**UPSERT, "target__version": "seen"}, "target.version column 'seen' is not in source.schema"),
+    ({**UPSERT, "target__version": "customer"}, "target.version column 'customer' is STRING: a version must be one of "
+                                                "SMALLINT, INT, BIGINT, DECIMAL, DATE, TIMESTAMP"),
+    ({**UPSERT, "target__version": "order_id"}, "target.version 'order_id' is a key column"),
+    ({**UPSERT, "target__version": "source.lsn"}, "target.version source.lsn is a position in a Debezium change event"),
+    ({**UPSERT, "target__version": "_timestamp"}, "target.version _timestamp (the Kafka record timestamp) needs "
+                                                  "source.metadata: [timestamp]"),
+    ({**UPSERT, "target__deletes": True, "target__version": "ts"}, "a tombstone has no value to take the version from"),
+    ({**UPSERT, "target__version": "ts", "transform": "SELECT * FROM batch"}, "target.version with a query transform"),
+    ({**UPSERT, "target__version": "x; drop"}, "not a valid identifier"),
+])
+def test_bad_versions_get_clear_errors(changes, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        parse_spec(spec_with(**changes))
+
+
+def test_versions_name_a_column_the_metadata_timestamp_or_a_debezium_position():
+    column = parse_spec(spec_with(**UPSERT, target__version="ts"))
+    assert column.version_by == "ts" and column.required == ("order_id", "ts")
+    stamped = parse_spec(spec_with(**UPSERT, target__deletes=True, target__version="_timestamp",
+                                   source__metadata=["timestamp"]))
+    assert stamped.version_by == "_timestamp" and stamped.required == ("order_id",)  # Kafka always gives one
+    cdc = parse_spec(spec_with(**UPSERT, source__format="debezium", target__version="source.lsn"))
+    assert cdc.version_by == "_source_lsn" and cdc.columns[-1].name == "_source_lsn"
+    assert cdc.columns[-1].pg_type == "bigint" and cdc.required == ("order_id", "_source_lsn")
+    assert parse_spec(spec_with(**UPSERT)).version_by is None

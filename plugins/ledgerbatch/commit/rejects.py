@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from ledgerbatch.commit.modes.base import TargetMode
 from ledgerbatch.errors import LedgerbatchError, RowsRefusedError
 from ledgerbatch.identifiers import quote_ident
-from ledgerbatch.ledger.batches import record_rejects
+from ledgerbatch.ledger.batches import record_set_aside
 from ledgerbatch.ledger.quarantine import quarantine_refused
 from ledgerbatch.model.batch import Batch
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -50,8 +50,7 @@ class Refusal:
 @dataclass(frozen=True)
 class Published:
     removed: int  # what a replay's publish removed of earlier deliveries (TargetMode.publish)
-    rejected: int  # rows refused and quarantined
-    rejected_deletes: int  # of them, changes that were deletes
+    rejected: int  # rows refused and quarantined (the ledger's counts moved: record_set_aside)
 
 
 def row_error(exc: BaseException) -> bool:
@@ -64,11 +63,11 @@ def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, ba
     """Publish the batch; with `errors.on_reject: quarantine` move the rows the target refuses to quarantine
     first. Under `fail` the batch fails naming a refused record; where rows are not records (aggregate
     groups) the server's error fails it."""
-    rejected = deletes = 0
+    rejected = 0
     while True:
         try:
             with conn.begin_nested():
-                return Published(mode.publish(conn, spec, batch) or 0, rejected, deletes)
+                return Published(mode.publish(conn, spec, batch) or 0, rejected)
         except DBAPIError as exc:
             if not row_error(exc) or not mode.rows_are_records:
                 raise
@@ -79,8 +78,7 @@ def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, ba
         refused, total = _find_refused(conn, mode, spec, batch, names)
         if spec.on_reject == "fail":
             raise RowsRefusedError(_refusal_report(conn, batch, names, refused, total))
-        rows, dels = _quarantine(conn, spec, batch, names, refused, total)
-        rejected, deletes = rejected + rows, deletes + dels
+        rejected += _quarantine(conn, spec, batch, names, refused, total)
 
 
 def _find_refused(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch,
@@ -97,9 +95,9 @@ def _find_refused(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch:
 
 
 def _quarantine(conn: Connection, spec: PipelineSpec, batch: Batch, names: dict, refused: list[Refusal],
-                total: int) -> tuple[int, int]:
-    """Move the refused rows to quarantine and out of staging, and count them in the ledger. Returns (rows,
-    of them deletes)."""
+                total: int) -> int:
+    """Move the refused rows to quarantine and out of staging, and count them in the ledger. Returns how
+    many."""
     units = [r.unit for r in refused]
     quarantine_refused(conn, names["units"], batch.batch_id, spec.name, refused)
     is_delete = Fragment("_change = 'd'" if spec.changes else "false")
@@ -107,10 +105,10 @@ def _quarantine(conn: Connection, spec: PipelineSpec, batch: Batch, names: dict,
     conn.execute(text(query("delete_rejected", **names)), {"units": units})
     conn.execute(text(query("drop_units", **names)))
     rows, deletes = sum(r.rows for r in by_range), sum(r.deletes for r in by_range)
-    record_rejects(conn, batch.batch_id, {(r.topic, r.partition): r.rows for r in by_range}, deletes)
+    record_set_aside(conn, batch.batch_id, "rejected", {(r.topic, r.partition): r.rows for r in by_range}, deletes)
     log.warning("batch %d: %d of %d staged rows refused by the target and quarantined (%s)", batch.batch_id,
                 rows, total, ", ".join(sorted({f"{r.sqlstate} {r.constraint or ''}".strip() for r in refused})))
-    return rows, deletes
+    return rows
 
 
 def _refusal_report(conn: Connection, batch: Batch, names: dict, refused: list[Refusal], total: int) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
@@ -21,7 +21,14 @@ from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_committed,
 from ledgerbatch.ledger.cursors import advance_cursor, range_kind
 from ledgerbatch.ledger.quarantine import clear_quarantine, quarantine_staged
 from ledgerbatch.model.batch import BatchKind, BatchStatus, RangeRefused
-from ledgerbatch.model.reconcile import Counts, check_error_budget, reconcile, reconcile_query, reconcile_ranges
+from ledgerbatch.model.reconcile import (
+    Counts,
+    check_error_budget,
+    reconcile,
+    reconcile_query,
+    reconcile_ranges,
+    set_aside_counts,
+)
 from ledgerbatch.spec.pipeline import PipelineSpec, check_version
 from ledgerbatch.stage.tables import (
     bad_name,
@@ -48,6 +55,7 @@ class CommitResult:
     rows_quarantined: int
     seconds: float
     rows_rejected: int = 0
+    records_superseded: int = 0
 
 
 def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None = None) -> CommitResult:
@@ -74,7 +82,7 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         if batch.status == BatchStatus.COMMITTED:
             log.info("batch %d is already committed: nothing to do", batch_id)
             return CommitResult(batch_id, True, batch.rows_written, batch.rows_quarantined, time.monotonic() - started,
-                                batch.rows_rejected)
+                                batch.rows_rejected, batch.records_superseded)
         if batch.status != BatchStatus.STAGED:
             raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged: process it first")
         if attempt is not None and batch.attempt != attempt:
@@ -132,10 +140,8 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             mode.ensure_target(conn, spec)
             published = publish_or_reject(conn, mode, spec, batch)
             removed = published.removed
+            recorded = set_aside_counts(recorded, get_batch(conn, batch_id))  # refused or superseded rows
             if published.rejected:
-                recorded = replace(recorded, rows_rejected=published.rejected, rows_deleted=recorded.rows_deleted
-                                   - published.rejected_deletes, rows_written=recorded.rows_written
-                                   - (published.rejected - published.rejected_deletes))
                 check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
             if batch.kind != BatchKind.LIVE:
                 removed += clear_quarantine(conn, batch_id)
@@ -156,8 +162,9 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
     # Earlier attempts' tables may still be locked by a stalled attempt: drop them outside the commit.
     drop_finished_staging(engine, spec.name)
     seconds = time.monotonic() - started
-    refused = f", {recorded.rows_rejected} refused by the target" if recorded.rows_rejected else ""
+    aside = "".join(f", {n} {why}" for n, why in ((recorded.rows_rejected, "refused by the target"),
+                                                  (recorded.records_superseded, "superseded by newer versions")) if n)
     log.info("%s batch %d committed: %d rows written, %d quarantined%s (commit %.2fs)",
-             batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, refused, seconds)
+             batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, aside, seconds)
     return CommitResult(batch_id, False, recorded.rows_written, recorded.rows_quarantined, seconds,
-                        recorded.rows_rejected)
+                        recorded.rows_rejected, recorded.records_superseded)

@@ -189,7 +189,7 @@ class Parser:
                     changes.append(change)
                 for i, name in (required_at if changes is None or changes[-1] != SKIP else ()):
                     if row[i] is None:
-                        raise BadValue(f"field {name}: missing or null, but it is part of the target key")
+                        raise BadValue(f"field {name}: missing or null, but it is part of the target key or version")
                 rows.append(row)
             except BadValue as exc:
                 rows.append(empty_row)

@@ -49,7 +49,8 @@ def get_batch(conn: Connection, batch_id: int, for_update: bool = False) -> Batc
         range_counts={(r.topic, r.partition): r.records_read for r in ranges},
         records_filtered=row.records_filtered, groups_written=row.groups_written, output_schema=row.output_schema,
         rows_deleted=row.rows_deleted, records_skipped=row.records_skipped, spec_version=row.spec_version,
-        rows_rejected=row.rows_rejected, range_changes={(r.topic, r.partition): (r.rows_deleted, r.records_skipped) for r in ranges},
+        rows_rejected=row.rows_rejected, records_superseded=row.records_superseded,
+        range_changes={(r.topic, r.partition): (r.rows_deleted, r.records_skipped) for r in ranges},
     )
 
 
@@ -170,12 +171,21 @@ def record_replaced(conn: Connection, batch_id: int, records: int) -> None:
     run(conn, "record_replaced", {"batch_id": batch_id, "records": records})
 
 
-def record_rejects(conn: Connection, batch_id: int, by_range: dict[TopicPartition, int], deletes: int) -> None:
-    """Rows the target refused, per range (of them `deletes` were deletes): counted as rejected, no
-    longer as written or deleted."""
-    run(conn, "record_rejects", {"batch_id": batch_id, "rows": sum(by_range.values()), "deletes": deletes})
+# Where staged rows the commit did not publish are counted, by batch and by range.
+SET_ASIDE = {"rejected": ("rows_rejected", "records_rejected"),  # refused by the target (commit/rejects.py)
+             "superseded": ("records_superseded", "records_superseded")}  # older (commit/modes/versioned.py)
+
+
+def record_set_aside(conn: Connection, batch_id: int, why: str, by_range: dict[TopicPartition, int],
+                     deletes: int) -> None:
+    """Staged rows not published, per range (of them `deletes` were deletes): counted as `why`
+    (SET_ASIDE), no longer as written or deleted."""
+    batch_bucket, range_bucket = SET_ASIDE[why]
+    run(conn, "record_set_aside", {"batch_id": batch_id, "rows": sum(by_range.values()), "deletes": deletes},
+        bucket=batch_bucket)
     for (topic, partition), rows in by_range.items():
-        run(conn, "record_range_rejects", {"batch_id": batch_id, "topic": topic, "partition": partition, "rows": rows})
+        run(conn, "record_range_set_aside", {"batch_id": batch_id, "topic": topic, "partition": partition,
+                                             "rows": rows}, bucket=range_bucket)
 
 
 def newest_committed_batch(conn: Connection, pipeline: str) -> int | None:

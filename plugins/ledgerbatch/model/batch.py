@@ -62,6 +62,7 @@ class Batch:
     range_changes: dict[TopicPartition, tuple[int | None, int | None]] | None = None  # (deleted, skipped) per range
     spec_version: str | None = None  # the pipeline spec's version it was planned with (spec.version)
     rows_rejected: int = 0  # staged rows the target refused at publish, quarantined by the commit
+    records_superseded: int = 0  # versioned upserts: changes older than their key's newest, not applied
 
     @property
     def span(self) -> int:

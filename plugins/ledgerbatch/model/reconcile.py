@@ -1,7 +1,7 @@
 """Pure reconciliation of a batch's counts (no I/O)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ledgerbatch.errors import OVER_BUDGET, ReconcileError
 
@@ -14,12 +14,20 @@ class Counts:
     rows_deleted: int = 0  # change pipelines: records that deleted a key
     records_skipped: int = 0  # change pipelines: records skipped by design (tombstones)
     rows_rejected: int = 0  # staged rows the target refused at publish (commit/rejects.py)
+    records_superseded: int = 0  # versioned upserts: changes older than their key's newest (commit/modes/versioned.py)
 
     def __repr__(self) -> str:
         changes = (f", rows_deleted={self.rows_deleted}, records_skipped={self.records_skipped}"
                    if self.rows_deleted or self.records_skipped else "")
         return (f"Counts(records_read={self.records_read}, rows_written={self.rows_written}, "
                 f"rows_quarantined={self.rows_quarantined}{changes})")
+
+
+def set_aside_counts(counts: Counts, published) -> Counts:
+    """The counts after the publish moved rows it did not publish (refused, superseded) out of written and
+    deleted; `published` is the batch as the ledger holds it then."""
+    return replace(counts, rows_written=published.rows_written, rows_deleted=published.rows_deleted,
+                   rows_rejected=published.rows_rejected, records_superseded=published.records_superseded)
 
 
 def check_error_budget(counts: Counts, policy: str, max_ratio: float) -> None:

@@ -90,8 +90,8 @@ def render(status: dict) -> str:
                          if b[key] is not None)
         more = "".join(f" {label}={_n(b[key])}" for label, key in
                        (("deleted", "rows_deleted"), ("skipped", "records_skipped"), ("filtered", "records_filtered"),
-                        ("rejected", "rows_rejected"))
-                       if b.get(key))  # change pipelines, query transforms and targets that refused rows only
+                        ("rejected", "rows_rejected"), ("superseded", "records_superseded"))
+                       if b.get(key))  # where a pipeline has them: changes, queries, refusals, versions
         lines.append(f"    #{b['batch_id']} {b['kind']} {b['status']} attempt={b['attempt']} read={_n(b['records_read'])} "
                      f"written={_n(b['rows_written'])}{more} quarantined={_n(b['rows_quarantined'])} "
                      f"({_age(b['age_s'])} ago{phases})")

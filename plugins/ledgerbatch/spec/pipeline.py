@@ -19,11 +19,14 @@ ON_NEW_DATA = "on_new_data"
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
 _SECTION_KEYS = {
     "source": {"topics", "format", "converter", "schema", "start", "kafka", "metadata", "schema_registry"},
-    "target": {"table", "mode", "key", "evolve", "measures", "deletes"},
+    "target": {"table", "mode", "key", "evolve", "measures", "deletes", "version"},
     "batch": {"max_records"},
     "errors": {"policy", "max_ratio", "on_reject"},
 }
 CONVERTERS = ("json", "avro")  # format debezium: Kafka Connect's JsonConverter (default) or Confluent's AvroConverter
+# format debezium: `target.version` may name a position in the change event's envelope, kept as this column.
+ENVELOPE_VERSIONS = {"source.lsn": "_source_lsn", "source.ts_ms": "_source_ts_ms", "ts_ms": "_ts_ms"}
+VERSION_TYPES = ("SMALLINT", "INT", "BIGINT", "DECIMAL", "DATE", "TIMESTAMP")  # ordered the same in Python and SQL
 MERGES = ("sum", "min", "max")  # how an aggregate batch's value merges into the target's (commit/modes/aggregate.py)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -53,6 +56,7 @@ class PipelineSpec:
     metadata: tuple[str, ...] = ()  # Kafka metadata as columns: key, timestamp, headers (schema.METADATA)
     evolve: str = "none"  # none | additive: columns new to the spec are added to the target at commit
     deletes: bool = False  # upsert: a tombstone with a key deletes the key's row (always so for format debezium)
+    version_by: str | None = None  # upsert: the column whose higher value wins (commit/modes/versioned.py)
     text: str = ""  # the spec's canonical text (its YAML document as sorted JSON): what `version` hashes
 
     @property
@@ -70,6 +74,11 @@ class PipelineSpec:
     def changes(self) -> bool:
         """Every record is a change that upserts, deletes or does nothing (decoders.ChangeDecoder)."""
         return self.deletes or self.format in CHANGE_FORMATS
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The columns a row cannot do without: the key, and the version that orders a key's changes."""
+        return self.key + ((self.version_by,) if self.version_by and self.version_by != "_timestamp" else ())
 
     @property
     def event_driven(self) -> bool:
@@ -204,6 +213,10 @@ def parse_spec(doc: object) -> PipelineSpec:
     if (deletes or fmt in CHANGE_FORMATS) and query is not None:
         raise SpecError("transform: a query cannot see deletes; with source.format debezium or target.deletes "
                         "use per-column expressions (a mapping)")
+    version_by = _version(target.get("version"), mode, fmt, deletes, query, key, metadata)
+    columns = with_envelope_version(columns, version_by)
+    if columns and version_by:
+        check_version_column(columns, version_by)
 
     max_records = batch.get("max_records", 100_000)
     if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
@@ -242,6 +255,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         metadata=tuple(m for m in METADATA if m in metadata),
         evolve=evolve,
         deletes=deletes,
+        version_by=version_by,
         text=canonical_text(doc),
     )
 
@@ -274,6 +288,52 @@ def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str],
     for column, _ in (transform.items() if isinstance(transform, dict) else transform):
         if column not in names:
             raise SpecError(f"transform: {column!r} is not a column of source.schema")
+
+
+def _version(value: object, mode: str, fmt: str, deletes: bool, query: str | None, key: list,
+             metadata: list) -> str | None:
+    """`target.version`: the column (or for Debezium the envelope position) whose higher value wins."""
+    if value is None:
+        return None
+    if mode != "upsert":
+        raise SpecError(f"target.version orders the changes of a key: it needs target.mode upsert, not {mode}")
+    if not isinstance(value, str):
+        raise SpecError(f"target.version must be a column name, got {value!r}")
+    if query is not None:
+        raise SpecError("target.version with a query transform: not supported; use per-column expressions (a mapping)")
+    if value in ENVELOPE_VERSIONS:
+        if fmt not in CHANGE_FORMATS:
+            raise SpecError(f"target.version {value} is a position in a Debezium change event: only with "
+                            f"source.format debezium")
+        return ENVELOPE_VERSIONS[value]
+    check_ident(value, "target.version")
+    if value in key:
+        raise SpecError(f"target.version {value!r} is a key column: a key's changes need a column of their own")
+    if value == "_timestamp" and "timestamp" not in metadata:
+        raise SpecError("target.version _timestamp (the Kafka record timestamp) needs source.metadata: [timestamp]")
+    if deletes and fmt not in CHANGE_FORMATS and value != "_timestamp":
+        raise SpecError(f"target.version {value!r} with target.deletes: a tombstone has no value to take the version "
+                        f"from; use target.version: _timestamp (the Kafka record timestamp, with source.metadata: "
+                        f"[timestamp])")
+    return value
+
+
+def with_envelope_version(columns: tuple[Column, ...], version_by: str | None) -> tuple[Column, ...]:
+    """A Debezium envelope position as version (ENVELOPE_VERSIONS) is a BIGINT column of its own."""
+    if columns and version_by in ENVELOPE_VERSIONS.values() and version_by not in {c.name for c in columns}:
+        return columns + (Column(version_by, "BIGINT"),)
+    return columns
+
+
+def check_version_column(columns: tuple[Column, ...], version_by: str) -> None:
+    if version_by == "_timestamp":
+        return
+    column = next((c for c in columns if c.name == version_by), None)
+    if column is None:
+        raise SpecError(f"target.version column {version_by!r} is not in source.schema")
+    if column.type not in VERSION_TYPES:
+        raise SpecError(f"target.version column {version_by!r} is {column.spark_ddl}: a version must be one of "
+                        f"{', '.join(VERSION_TYPES)}")
 
 
 def _transform(value: object) -> tuple[str | None, dict]:

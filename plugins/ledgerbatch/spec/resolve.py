@@ -16,7 +16,14 @@ from ledgerbatch.errors import ConfigError, SpecError
 from ledgerbatch.formats.decoders.catalog import DEBEZIUM_AVRO, REGISTRY_FORMATS, make_decoder
 from ledgerbatch.formats.decoders.confluent_wire import CLIENT_OPTIONS, registry_client
 from ledgerbatch.formats.schema import parse_schema
-from ledgerbatch.spec.pipeline import PipelineSpec, check_columns, load_spec, with_kafka_options
+from ledgerbatch.spec.pipeline import (
+    PipelineSpec,
+    check_columns,
+    check_version_column,
+    load_spec,
+    with_envelope_version,
+    with_kafka_options,
+)
 
 
 def with_registry(spec: PipelineSpec, deployment: dict[str, str]) -> PipelineSpec:
@@ -65,8 +72,10 @@ def resolve_columns(spec: PipelineSpec) -> PipelineSpec:
         raise SpecError(f"pipeline {spec.name}: no schema:, and {subject(spec)} version {latest.version} gives no "
                         f"columns: {exc}") from None
     try:
-        columns = parse_schema(ddl)
+        columns = with_envelope_version(parse_schema(ddl), spec.version_by)
         check_columns(columns, spec.key if spec.query is None else (), spec.transform)
+        if spec.version_by:
+            check_version_column(columns, spec.version_by)
     except SpecError as exc:
         raise SpecError(f"pipeline {spec.name}: the columns of {subject(spec)} version {latest.version} "
                         f"({ddl}) do not make a valid schema: {exc}") from None

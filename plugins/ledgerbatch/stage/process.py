@@ -64,7 +64,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     job = StagingJob(
         batch_id=batch_id, attempt=attempt, ranges=batch.ranges,
         kafka=consumer_config(bootstrap_servers, dict(spec.kafka_options)), stall_timeout_s=stall_timeout_s,
-        columns=spec.columns, required=spec.key, fmt=spec.format, format_options=dict(spec.format_options),
+        columns=spec.columns, required=spec.required, fmt=spec.format, format_options=dict(spec.format_options),
         metadata=spec.metadata,
         table=table,
         mark=staged_mark_statements(),

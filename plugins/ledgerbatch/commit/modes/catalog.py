@@ -12,10 +12,11 @@ from ledgerbatch.commit.modes.aggregate import Aggregate
 from ledgerbatch.commit.modes.append import Append
 from ledgerbatch.commit.modes.base import TargetMode
 from ledgerbatch.commit.modes.upsert import Upsert
+from ledgerbatch.commit.modes.versioned import VersionedUpsert
 from ledgerbatch.spec.pipeline import PipelineSpec
 
 MODES: dict[str, TargetMode] = {"append": Append(), "upsert": Upsert(), "aggregate": Aggregate()}
 
 
 def mode_for(spec: PipelineSpec) -> TargetMode:
-    return MODES[spec.mode]
+    return VersionedUpsert() if spec.version_by else MODES[spec.mode]

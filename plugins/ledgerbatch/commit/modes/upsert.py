@@ -39,15 +39,13 @@ class Upsert(TargetMode):
             evolve_target(conn, spec, at=("ledger_deletes", deletes_table(spec)))
 
     def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> None:
-        updated = column_names(spec) + [c.name for c in LINEAGE]
-        set_list = Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
         if spec.changes:
-            return self._publish_changes(conn, spec, batch, set_list, rows)
+            return self._publish_changes(conn, spec, batch, set_list(spec), rows)
         if batch.kind != BatchKind.LIVE:
             conn.execute(text(query("replay_drop_stale", staging=batch.staging_table, match_t=_match("t", spec.key),
                                     **target_names(spec))), range_arrays(batch.ranges))
         sql = query("insert_upsert" if batch.kind == BatchKind.LIVE else "replay_upsert", key=list(spec.key),
-                    set_list=set_list, staging=rows or batch.staging_table, columns=column_names(spec),
+                    set_list=set_list(spec), staging=rows or batch.staging_table, columns=column_names(spec),
                     **target_names(spec))
         conn.execute(text(sql), range_arrays(batch.ranges))
 
@@ -92,12 +90,18 @@ class Upsert(TargetMode):
         for step in ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes", "drop_last_changes"):
             conn.execute(text(query(step, **names)))
 
-
     @staticmethod
     def _change_names(spec: PipelineSpec, batch: Batch, set_list: Fragment) -> dict:
+        kept = list(spec.key) + ([spec.version_by] if spec.version_by else [])  # what a delete keeps
         return dict(key=list(spec.key), columns=column_names(spec), staging=batch.staging_table,
                     deletes=deletes_table(spec), match_t=_match("t", spec.key), match_d=_match("d", spec.key),
-                    set_list=set_list, **target_names(spec))
+                    set_list=set_list, kept=kept, kept_excluded=prefixed("EXCLUDED", kept), **target_names(spec))
+
+
+def set_list(spec: PipelineSpec) -> Fragment:
+    """An upsert's `SET col = EXCLUDED.col, ...`: the spec's columns and the lineage."""
+    updated = column_names(spec) + [c.name for c in LINEAGE]
+    return Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
 
 
 def deletes_table(spec: PipelineSpec) -> str:

@@ -75,10 +75,10 @@ class ChangeEvents(ABC):
         image_name = "after" if _OPS[op] == UPSERT else "before"
         image = envelope.get(image_name)
         if image is None and op == "d":
-            return DELETE, self.decode_key(key)
+            return DELETE, {**self.decode_key(key), **positions(envelope)}
         if not isinstance(image, dict):
             raise BadValue(f"Debezium op {op!r}: {image_name} is {'null' if image is None else 'not an object'}")
-        return _OPS[op], decode_image(image, fields_of(image_name))
+        return _OPS[op], {**decode_image(image, fields_of(image_name)), **positions(envelope)}
 
     def decode_key(self, key: bytes | None) -> dict:
         """The key's fields: Debezium's key is a struct of the primary key columns."""
@@ -124,6 +124,14 @@ def _fields(schema: dict | None, name: str | None) -> dict[str, dict]:
     if name is not None:
         struct = next((f for f in schema.get("fields") or () if f.get("field") == name), None) or {}
     return {f.get("field"): f for f in struct.get("fields") or () if isinstance(f, dict)}
+
+
+def positions(envelope: dict) -> dict:
+    """Where the change happened, as the columns `target.version` may order by (spec ENVELOPE_VERSIONS):
+    the source's log position and commit time, and when the connector saw it."""
+    source = envelope.get("source")
+    source = source if isinstance(source, dict) else {}
+    return {"_source_lsn": source.get("lsn"), "_source_ts_ms": source.get("ts_ms"), "_ts_ms": envelope.get("ts_ms")}
 
 
 def decode_image(image: dict, fields: dict[str, dict]) -> dict:
