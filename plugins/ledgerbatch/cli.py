@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     abandon.add_argument("batch_id", type=_positive, metavar="BATCH_ID")
     abandon.add_argument("--by", required=True, metavar="NAME", help="who abandons it")
     abandon.add_argument("--reason", help="why (ticket, spec change)")
+    pause = sub.add_parser("pause", help="hold a pipeline still: no new batch is planned (an open one may finish)")
+    pause.add_argument("pipeline")
+    pause.add_argument("--by", required=True, metavar="NAME", help="who pauses it")
+    pause.add_argument("--reason", required=True, metavar="TEXT", help="why (ticket, incident)")
+    resume = sub.add_parser("resume", help="let a paused pipeline plan batches again")
+    resume.add_argument("pipeline")
+    resume.add_argument("--by", required=True, metavar="NAME", help="who resumes it")
     broker = sub.add_parser("dev-broker", help="run librdkafka's mock Kafka cluster in the foreground (request-level fault injection)")
     broker.add_argument("--brokers", type=_positive, default=3)
     broker.add_argument("--topic", type=_topic_arg, action="append", default=[], metavar="NAME:PARTITIONS",
@@ -289,6 +296,23 @@ def cmd_abandon(args, settings: Settings) -> None:
           f"was committed" + ("; the next run plans its offsets again" if batch.kind == "live" else ""))
 
 
+def cmd_pause(args, settings: Settings) -> None:
+    from ledgerbatch.ops.pause import pause_pipeline
+
+    spec = _spec(settings, args.pipeline)
+    pause_pipeline(_engine(settings), spec, args.by, args.reason)
+    print(f"{spec.name}: paused by {args.by} ({args.reason}); no new batch is planned until "
+          f"`ledgerbatch resume {spec.name} --by NAME`")
+
+
+def cmd_resume(args, settings: Settings) -> None:
+    from ledgerbatch.ops.pause import resume_pipeline
+
+    spec = _spec(settings, args.pipeline)
+    pause = resume_pipeline(_engine(settings), spec, args.by)
+    print(f"{spec.name}: resumed by {args.by} (it was {pause})")
+
+
 def cmd_dev_broker(args, settings: Settings) -> None:
     from ledgerbatch.dev.broker import serve_forever
 
@@ -325,7 +349,8 @@ def cmd_demo(args, settings: Settings) -> None:
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "replay": cmd_replay, "status": cmd_status, "verify": cmd_verify,
-            "acknowledge-loss": cmd_acknowledge_loss, "abandon": cmd_abandon, "dev-broker": cmd_dev_broker, "dev-kafka": cmd_dev_kafka,
+            "acknowledge-loss": cmd_acknowledge_loss, "abandon": cmd_abandon, "pause": cmd_pause, "resume": cmd_resume,
+            "dev-broker": cmd_dev_broker, "dev-kafka": cmd_dev_kafka,
             "dev-registry": cmd_dev_registry,
             "spark-server": cmd_spark_server, "demo": cmd_demo}
 

@@ -16,6 +16,8 @@ import yaml
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from ledgerbatch.ops.pause import pause_pipeline
+
 from .helpers import REPO, assert_exactly_once, order_value, produce
 
 pytestmark = pytest.mark.integration
@@ -82,6 +84,13 @@ def test_dag_test_moves_data_and_ends_green_when_caught_up(airflow_db, connectio
     idle = dag.test()
     assert str(idle.state) == "success"
     assert states(idle) == {"plan": "success", "process": "skipped", "commit": "skipped", "verify": "skipped"}
+
+    # Paused (in the ledger, as `ledgerbatch pause` does): new records wait, the run ends skipped, not failed.
+    pause_pipeline(engine, p.spec, "alice", "target maintenance")
+    produce(broker.bootstrap_servers, p.topic, [(0, order_value(300))])
+    paused = dag.test()
+    assert str(paused.state) == "success"
+    assert states(paused) == {"plan": "skipped", "process": "skipped", "commit": "skipped", "verify": "skipped"}
 
 
 def _kill_spark_job_once(engine, pipeline: str, killed: list) -> None:

@@ -18,7 +18,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk.observability.stats import Stats
 
 from ledgerbatch.airflow.hooks import (
@@ -113,12 +113,16 @@ class PlanBatchOperator(LedgerbatchBaseOperator, ShortCircuitOperator):
         return super().execute(context)
 
     def _plan(self) -> int | None:
+        from ledgerbatch.ops.pause import pause_of
         from ledgerbatch.plan.live import plan_next
 
         engine, spec = self._engine_and_spec()
         started = time.monotonic()
         batch = plan_next(engine, spec, self.kafka_hook.get_bootstrap_servers())
         if batch is None:
+            pause = pause_of(engine, spec)
+            if pause is not None:  # the run ends skipped, not failed: `ledgerbatch resume` lets it go again
+                raise AirflowSkipException(f"{self.pipeline} is {pause}: no batch is planned")
             self.log.info("%s is caught up: no batch to run", self.pipeline)
             return None
         phase_event("plan", batch, time.monotonic() - started, stats=Stats)

@@ -37,11 +37,12 @@ class Pending:
     never_ran: bool         # no cursors yet: the first run records where the pipeline starts
     state: tuple            # the end offsets and the offsets already covered, this was computed from
     staging: bool = False   # an attempt of the unfinished batch is being staged now (its lease is live)
+    paused: bool = False    # held still by `ledgerbatch pause`: nothing fires until it is resumed
 
     @property
     def waiting(self) -> bool:
-        """Something is left to deliver."""
-        return bool(self.offsets or self.never_ran or self.unfinished is not None)
+        """Something is left to deliver, and the pipeline may deliver it."""
+        return not self.paused and bool(self.offsets or self.never_ran or self.unfinished is not None)
 
     @property
     def reason(self) -> str:
@@ -53,7 +54,7 @@ class Pending:
 
 
 def pending(spec: PipelineSpec, ends: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int],
-            unfinished: Batch | None, staging: bool = False) -> Pending:
+            unfinished: Batch | None, staging: bool = False, paused: bool = False) -> Pending:
     """What a run of `spec` would find to do, by the planner's rules (planner.plan_from): an unfinished batch
     is resumed with its ranges; then each partition goes from its cursor (a pipeline without cursors starts at
     `source.start`, a partition added later at its log start) up to its end offset.
@@ -67,7 +68,8 @@ def pending(spec: PipelineSpec, ends: dict[TopicPartition, Watermarks], cursors:
     starts = start_offsets(ends, covered, spec.start if not cursors else "earliest")
     offsets = sum(max(0, wm.high - starts[tp]) for tp, wm in ends.items())
     state = (tuple(sorted((tp, wm.high) for tp, wm in ends.items())), tuple(sorted(covered.items())))
-    return Pending(offsets, unfinished.batch_id if unfinished is not None else None, not cursors, state, staging)
+    return Pending(offsets, unfinished.batch_id if unfinished is not None else None, not cursors, state, staging,
+                   paused)
 
 
 class NewDataProbe:
@@ -114,6 +116,7 @@ class NewDataProbe:
         from ledgerbatch.errors import LedgerbatchError
         from ledgerbatch.ledger.batches import attempt_held, get_batch, open_live_batch_id
         from ledgerbatch.ledger.cursors import get_cursors
+        from ledgerbatch.ledger.pauses import current_pause
         from ledgerbatch.stage.lease import LEASE_S
 
         with self._lock:
@@ -125,7 +128,8 @@ class NewDataProbe:
                 unfinished = get_batch(conn, open_id) if open_id is not None else None
                 staging = open_id is not None and attempt_held(conn, open_id, LEASE_S)
                 cursors = get_cursors(conn, self.spec.name, self.spec.topics)
-        return pending(self.spec, ends, cursors, unfinished, staging)
+                paused = current_pause(conn, self.spec.name) is not None
+        return pending(self.spec, ends, cursors, unfinished, staging, paused)
 
     def close(self) -> None:
         with self._lock:
@@ -203,7 +207,7 @@ class NewDataTrigger(BaseEventTrigger):
         self._probe = await sync_to_async(self._open_probe)()  # hooks read connections: as the providers do
         fired: tuple | None = None
         fired_at, backoff = 0.0, self.refire_after
-        first = True
+        first, paused = True, False
         while True:
             try:
                 found = await asyncio.to_thread(self._probe.look)
@@ -216,7 +220,11 @@ class NewDataTrigger(BaseEventTrigger):
             # (a triggerer restart). The same state again only after a backoff, and never while an attempt is
             # staged: the run it started failed without delivering.
             now = asyncio.get_running_loop().time()
-            new = ((found.offsets or found.never_ran) and found.state != fired) or (first and found.unfinished is not None)
+            if found.paused != paused:
+                paused = found.paused
+                self.log.info("%s: %s", self.pipeline, "paused: quiet until it is resumed" if paused else "resumed")
+            new = not paused and (((found.offsets or found.never_ran) and found.state != fired)
+                                  or (first and found.unfinished is not None))
             stalled = fired is not None and found.waiting and not found.staging and now - fired_at >= backoff
             if new or stalled:
                 reason = found.reason or f"batch {found.unfinished} is unfinished"

@@ -25,6 +25,7 @@ from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.faults import crash_point
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.ops.events import phase_event
+from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -61,7 +62,9 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
         batch = plan_next(engine, spec, bootstrap_servers)
         if batch is None:
             if not idle:
-                log.info("%s: caught up, nothing to plan%s", spec.name,
+                pause = pause_of(engine, spec)
+                log.info("%s: %s%s", spec.name, f"{pause}, nothing new is planned" if pause else
+                         "caught up, nothing to plan",
                          f"; following, looking again every {follow_idle_s:g}s" if follow_idle_s is not None else "")
             if follow_idle_s is None:
                 break

@@ -6,6 +6,7 @@ from sqlalchemy.engine import Engine
 
 from ledgerbatch.errors import ConfigError
 from ledgerbatch.ledger.inspection import last_batch_error, partition_status, recent_batches
+from ledgerbatch.ledger.pauses import current_pause
 from ledgerbatch.source import kafka
 
 NEAR_LOG_START = 0.1  # warn when the undelivered offsets sit in the oldest 10% of the retained log
@@ -27,6 +28,7 @@ def pipeline_status(engine: Engine, pipeline: str, topics: tuple[str, ...], boot
         rows = partition_status(conn, pipeline)
         batches = recent_batches(conn, pipeline, recent)
         last_error = last_batch_error(conn, pipeline)
+        pause = current_pause(conn, pipeline)
     partitions = []
     for r in rows:
         wm = live.get((r.topic, r.partition))
@@ -36,6 +38,7 @@ def pipeline_status(engine: Engine, pipeline: str, topics: tuple[str, ...], boot
     known = [p["lag"] for p in partitions if p["lag"] is not None]
     return {
         "pipeline": pipeline,
+        "paused": {"by": pause.by, "reason": pause.reason, "since": pause.since.isoformat()} if pause else None,
         "end_offsets_from": "kafka" if live else (f"last plan ({min(observed).isoformat()})" if observed else None),
         "note": note,
         "total_lag": sum(known) if partitions and len(known) == len(partitions) else None,
@@ -64,6 +67,10 @@ def render(status: dict) -> str:
     """The human-readable table of one pipeline's status."""
     source = status["end_offsets_from"] or "unknown"
     lines = [f"pipeline {status['pipeline']}  (end offsets from {source})"]
+    if status["paused"]:
+        p = status["paused"]
+        lines.append(f"  PAUSED by {p['by']} since {p['since'][:19].replace('T', ' ')}: {p['reason']} (no new batch "
+                     f"until `ledgerbatch resume {status['pipeline']} --by NAME`)")
     if status["note"]:
         lines.append(f"  ({status['note']})")
     header = ("partition", "log start", "cursor", "end", "lag", "headroom", "last batch", "age")

@@ -3,6 +3,7 @@
 An unfinished batch is resumed with its same ranges, never re-planned, with one exception: a batch that
 failed `errors.max_ratio` is abandoned and its offsets planned again, with whatever arrived since. Its
 ratio was the batch boundary's doing (one bad record alone is 100% bad); resuming it would fail forever.
+A paused pipeline (ops/pause.py) gets no new batch; its unfinished one is still resumed.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ledgerbatch.ledger.batches import (
     pin_spec_version,
 )
 from ledgerbatch.ledger.cursors import get_cursors, init_cursors, record_end_offsets
+from ledgerbatch.ledger.pauses import current_pause
 from ledgerbatch.model.batch import Batch, BatchKind, BatchStatus
 from ledgerbatch.model.ranges import TopicPartition, Watermarks, plan_ranges, start_offsets
 from ledgerbatch.source import kafka
@@ -54,6 +56,8 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
             mark_abandoned(conn, open_id, f"planned again with what arrived since: {batch.error}")
             log.warning("batch %d failed errors.max_ratio (%s): abandoned, its offsets are planned again",
                         open_id, batch.error)
+        if current_pause(conn, spec.name) is not None:  # an open batch above still finishes; nothing new
+            return None
         cursors = get_cursors(conn, spec.name, spec.topics)
         # A new pipeline starts where the spec says; partitions added later start at their log start.
         starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest")

@@ -1,5 +1,5 @@
 """`mode: upsert`: one row per key; within a batch the highest offset wins, across batches the later
-batch. A replay replaces only rows whose value came from its ranges: newer values are kept; a row from its
+batch (with `target.version` the newest version wins instead: versioned.py). A replay replaces only rows whose value came from its ranges: newer values are kept; a row from its
 ranges of a key it gives no row any more (the record is now bad or filtered) is removed.
 
 Change pipelines (`format: debezium`, `target.deletes: true`) stage changes: a key's last change in the
