@@ -120,6 +120,21 @@ def test_each_poison_class_is_quarantined(engine, db_url, broker, spark, make_pi
         assert expected_reason in row.error, (value[:40] if value else value, row.error)
 
 
+def test_min_bad_lets_a_trickle_end_on_poison(engine, db_url, broker, spark, make_pipeline):
+    """12 poison records after 6,000 good ones make a batch of their own (100% bad): above the ratio, but not
+    above errors.min_bad, so they are quarantined and the pipeline goes on; without the floor it stops."""
+    records = [(0, order_value(i)) for i in range(6000)] + [(0, b"poison %d" % i) for i in range(12)]
+    floored = make_pipeline(partitions=1, batch__max_records=6000, errors={"max_ratio": 0.5, "min_bad": 100})
+    acked = produce(broker.bootstrap_servers, floored.topic, records)
+    assert run(engine, db_url, broker, spark, floored).batches == 2
+    assert_exactly_once(engine, floored, broker.bootstrap_servers, {(a[0], a[1]) for a in acked[:6000]},
+                        {(a[0], a[1]) for a in acked[6000:]})
+    strict = make_pipeline(partitions=1, batch__max_records=6000, errors={"max_ratio": 0.5})
+    produce(broker.bootstrap_servers, strict.topic, records)
+    with pytest.raises(BatchFailedError, match=r"12 of 12 records are bad \(100.0%\), more than errors.max_ratio 50.0%"):
+        run(engine, db_url, broker, spark, strict)
+
+
 def test_policy_fail_and_max_ratio_fail_the_batch(engine, db_url, broker, spark, make_pipeline):
     p = make_pipeline(partitions=1, errors={"policy": "fail"})
     produce(broker.bootstrap_servers, p.topic, [(0, order_value(0)), (0, b"oops")])

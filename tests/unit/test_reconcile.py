@@ -31,3 +31,14 @@ def test_error_budget():
     with pytest.raises(ReconcileError, match="errors.policy is fail"):
         check_error_budget(Counts(100, 99, 1), "fail", 1.0)
     check_error_budget(Counts(0, 0, 0), "fail", 0.0)
+
+
+def test_min_bad_is_a_floor_under_the_ratio():
+    """12 poison records that end a trickle are 100% of their batch: under the floor they pass."""
+    check_error_budget(Counts(12, 0, 12), "quarantine", 0.5, min_bad=100)
+    check_error_budget(Counts(200, 100, 100), "quarantine", 0.05, min_bad=100)  # not above the floor
+    with pytest.raises(ReconcileError, match=r"101 of 200 records are bad \(50.5%\), more than errors.max_ratio "
+                                             r"5.0% and more than errors.min_bad 100"):
+        check_error_budget(Counts(200, 99, 101), "quarantine", 0.05, min_bad=100)
+    with pytest.raises(ReconcileError, match="errors.policy is fail"):  # fail means any bad record
+        check_error_budget(Counts(12, 11, 1), "fail", 0.5, min_bad=100)

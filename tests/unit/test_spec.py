@@ -53,6 +53,8 @@ def test_design_minimal_spec_is_accepted():
     ({"batch__max_records": True}, "positive integer"),
     ({"errors__max_ratio": 2}, "between 0 and 1"),
     ({"errors__policy": "ignore"}, "must be one of quarantine, fail"),
+    ({"errors__min_bad": -1}, "errors.min_bad must be a whole number of records, 0 or more, got -1"),
+    ({"errors__min_bad": 2.5}, "errors.min_bad must be a whole number of records, 0 or more, got 2.5"),
     ({"source__start": "middle"}, "must be one of earliest, latest"),
     ({"source__topics": []}, "non-empty list"),
     ({"source__topics": ["bad topic"]}, "not a valid Kafka topic name"),

@@ -130,7 +130,7 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
                 # before the query (ledger/batches.py: staged_reads); staging holds its bad records and output.
                 reconcile_query(batch, staged_bad(conn, batch.staging_table),
                                 staged_rows(conn, batch.staging_table), spec.mode == "aggregate")
-            check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
+            check_error_budget(recorded, spec.error_policy, spec.max_error_ratio, spec.min_bad)
 
             # 4. Publish the staged rows through the target mode (an append target takes a big batch's
             #    staging table as a partition), quarantining rows the target refuses (rejects.py), and move
@@ -142,7 +142,7 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             removed = published.removed
             recorded = set_aside_counts(recorded, get_batch(conn, batch_id))  # refused or superseded rows
             if published.rejected:
-                check_error_budget(recorded, spec.error_policy, spec.max_error_ratio)
+                check_error_budget(recorded, spec.error_policy, spec.max_error_ratio, spec.min_bad)
             if batch.kind != BatchKind.LIVE:
                 removed += clear_quarantine(conn, batch_id)
                 record_replaced(conn, batch_id, removed)

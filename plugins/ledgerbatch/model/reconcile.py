@@ -30,16 +30,18 @@ def set_aside_counts(counts: Counts, published) -> Counts:
                    rows_rejected=published.rows_rejected, records_superseded=published.records_superseded)
 
 
-def check_error_budget(counts: Counts, policy: str, max_ratio: float) -> None:
+def check_error_budget(counts: Counts, policy: str, max_ratio: float, min_bad: int = 0) -> None:
     """Too many bad records (or any, under policy `fail`) fails the batch before anything is committed;
-    rows the target refused count as bad."""
+    rows the target refused count as bad. The ratio trips only above `min_bad` bad records, so a small
+    batch that happens to end on a few poison records does not stop the pipeline."""
     bad, read = counts.rows_quarantined + counts.rows_rejected, counts.records_read
     refused = f" ({counts.rows_rejected} refused by the target)" if counts.rows_rejected else ""
     if bad and policy == "fail":
         raise ReconcileError(f"{bad} of {read} records are bad{refused} and errors.policy is fail")
-    if read and bad / read > max_ratio:
+    if read and bad > min_bad and bad / read > max_ratio:
+        floor = f" and more than errors.min_bad {min_bad}" if min_bad else ""
         raise ReconcileError(
-            f"{bad} of {read} records are bad{refused} ({bad / read:.1%}), {OVER_BUDGET} {max_ratio:.1%}"
+            f"{bad} of {read} records are bad{refused} ({bad / read:.1%}), {OVER_BUDGET} {max_ratio:.1%}{floor}"
         )
 
 

@@ -21,7 +21,7 @@ _SECTION_KEYS = {
     "source": {"topics", "format", "converter", "schema", "start", "kafka", "metadata", "schema_registry"},
     "target": {"table", "mode", "key", "evolve", "measures", "deletes", "version"},
     "batch": {"max_records"},
-    "errors": {"policy", "max_ratio", "on_reject"},
+    "errors": {"policy", "max_ratio", "min_bad", "on_reject"},
 }
 CONVERTERS = ("json", "avro")  # format debezium: Kafka Connect's JsonConverter (default) or Confluent's AvroConverter
 # format debezium: `target.version` may name a position in the change event's envelope, kept as this column.
@@ -45,6 +45,7 @@ class PipelineSpec:
     max_records: int = 100_000
     error_policy: str = "quarantine"
     max_error_ratio: float = 0.05
+    min_bad: int = 0  # errors.max_ratio trips only above this many bad records in a batch
     on_reject: str = "quarantine"  # quarantine | fail: rows the target refuses at publish (commit/rejects.py)
     schedule: str | None = None  # cron, an Airflow preset, or ON_NEW_DATA
     kafka_options: tuple[tuple[str, str], ...] = ()
@@ -226,6 +227,9 @@ def parse_spec(doc: object) -> PipelineSpec:
     on_reject = _choice(errors.get("on_reject", "quarantine"), "errors.on_reject", ("quarantine", "fail"))
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
         raise SpecError(f"errors.max_ratio must be a number between 0 and 1, got {ratio!r}")
+    min_bad = errors.get("min_bad", 0)
+    if isinstance(min_bad, bool) or not isinstance(min_bad, int) or min_bad < 0:
+        raise SpecError(f"errors.min_bad must be a whole number of records, 0 or more, got {min_bad!r}")
     evolve = _choice(target.get("evolve", "additive" if fmt in REGISTRY_FORMATS else "none"), "target.evolve",
                      ("none", "additive"))
     schedule = top.get("schedule")
@@ -244,6 +248,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         max_records=max_records,
         error_policy=policy,
         max_error_ratio=float(ratio),
+        min_bad=min_bad,
         on_reject=on_reject,
         schedule=schedule,
         kafka_options=tuple(sorted((str(k), str(v)) for k, v in kafka_options.items())),

@@ -94,7 +94,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         raise FencedError(f"batch {batch_id}: attempt {attempt} was overtaken by attempt {batch.attempt}")
     counts = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined)
     try:
-        check_error_budget(counts, spec.error_policy, spec.max_error_ratio)
+        check_error_budget(counts, spec.error_policy, spec.max_error_ratio, spec.min_bad)
     except ReconcileError as exc:
         with engine.begin() as conn:
             mark_failed(conn, batch_id, attempt, str(exc))
