@@ -97,6 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
     abandon.add_argument("batch_id", type=_positive, metavar="BATCH_ID")
     abandon.add_argument("--by", required=True, metavar="NAME", help="who abandons it")
     abandon.add_argument("--reason", help="why (ticket, spec change)")
+    offsets = sub.add_parser("offsets", help="cursors, log start and end, lag per partition; with --set, move the "
+                                             "cursors (recorded in ledger.offset_moves)")
+    offsets.add_argument("pipeline")
+    offsets.add_argument("--set", action="store_true", help="move the cursors (no batch may be open)")
+    to = offsets.add_mutually_exclusive_group()
+    to.add_argument("--to-time", metavar="ISO", help="the first offset at or after this time (ISO-8601; UTC if no zone)")
+    to.add_argument("--to-offset", type=_natural, metavar="N")
+    to.add_argument("--to-earliest", action="store_true", help="the log start")
+    to.add_argument("--to-latest", action="store_true", help="the log end (read_committed)")
+    offsets.add_argument("--topic", help="default: every topic of the pipeline")
+    offsets.add_argument("--partitions", type=_partition_list, metavar="0,1,...", help="default: every partition")
+    offsets.add_argument("--by", metavar="NAME", help="who moves them (with --set)")
+    offsets.add_argument("--reason", metavar="TEXT", help="why (with --set)")
+    offsets.add_argument("--dry-run", action="store_true", help="show the moves; change nothing")
     pause = sub.add_parser("pause", help="hold a pipeline still: no new batch is planned (an open one may finish)")
     pause.add_argument("pipeline")
     pause.add_argument("--by", required=True, metavar="NAME", help="who pauses it")
@@ -296,6 +310,29 @@ def cmd_abandon(args, settings: Settings) -> None:
           f"was committed" + ("; the next run plans its offsets again" if batch.kind == "live" else ""))
 
 
+def cmd_offsets(args, settings: Settings) -> None:
+    from ledgerbatch.ops.offsets import Target, recent_moves, set_offsets
+    from ledgerbatch.ops.status import partition_table, pipeline_status
+
+    spec = _spec(settings, args.pipeline)
+    engine = _engine(settings)
+    target = Target(args.to_time, args.to_offset, args.to_earliest, args.to_latest)
+    if not args.set:
+        if target != Target() or args.by or args.reason or args.dry_run:
+            raise LedgerbatchError("--to-*, --by, --reason and --dry-run move the cursors: add --set")
+        status = pipeline_status(engine, spec.name, spec.topics, settings.bootstrap_servers, dict(spec.kafka_options))
+        print("\n".join([f"pipeline {spec.name}", *partition_table(status)]))
+        for m in recent_moves(engine, spec):
+            print(f"  moved #{m.move_id} {m.moved_at:%Y-%m-%d %H:%M:%S}: {m.topic}[{m.partition}] {m.from_offset} -> "
+                  f"{m.to_offset} ({m.request}) by {m.moved_by}: {m.reason}")
+        return
+    moves = set_offsets(engine, spec, settings.require_bootstrap(), target, args.by, args.reason, args.topic,
+                        list(args.partitions or ()), args.dry_run)
+    print(f"{spec.name}: {'dry run, nothing moved' if args.dry_run else 'moved'} ({target}):")
+    for m in moves:
+        print(f"  {m}")
+
+
 def cmd_pause(args, settings: Settings) -> None:
     from ledgerbatch.ops.pause import pause_pipeline
 
@@ -349,7 +386,8 @@ def cmd_demo(args, settings: Settings) -> None:
 
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "replay": cmd_replay, "status": cmd_status, "verify": cmd_verify,
-            "acknowledge-loss": cmd_acknowledge_loss, "abandon": cmd_abandon, "pause": cmd_pause, "resume": cmd_resume,
+            "acknowledge-loss": cmd_acknowledge_loss, "abandon": cmd_abandon, "offsets": cmd_offsets, "pause": cmd_pause,
+            "resume": cmd_resume,
             "dev-broker": cmd_dev_broker, "dev-kafka": cmd_dev_kafka,
             "dev-registry": cmd_dev_registry,
             "spark-server": cmd_spark_server, "demo": cmd_demo}

@@ -80,10 +80,11 @@ def assert_exactly_once(engine, pipeline, bootstrap: str, good: set[tuple[int, i
         assert {p: c.next_offset for p, c in cursors.items()} == {p: hi for p, (_, hi) in ends.items()}
 
         for p, c in cursors.items():
-            ranges = conn.execute(text(
+            ranges = conn.execute(text(  # delivered, or skipped or lost with a ledger row that says so
                 "SELECT r.from_offset, r.until_offset FROM ledger.batch_ranges r JOIN ledger.batches b USING (batch_id) "
                 "WHERE b.pipeline = :p AND r.partition = :part AND b.status = 'committed' AND b.kind = 'live' "
-                "ORDER BY r.from_offset"), {"p": pipeline.name, "part": p}).all()
+                "UNION ALL SELECT from_offset, until_offset FROM ledger.lost_ranges WHERE pipeline = :p "
+                "AND partition = :part ORDER BY 1"), {"p": pipeline.name, "part": p}).all()
             position = c.start_offset
             for r in ranges:
                 assert r.from_offset == position, f"partition {p}: gap or overlap at {position}"

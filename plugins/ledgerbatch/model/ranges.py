@@ -46,11 +46,13 @@ class Watermarks:
     high: int  # last stable offset + 1 (read_committed)
 
 
-def start_offsets(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int], start: str) -> dict[TopicPartition, int]:
-    """Cursor of every partition: the ledger's where it has one, else the log start or end per `start`."""
+def start_offsets(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int], start: str,
+                  at: dict[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
+    """Cursor of every partition: the ledger's where it has one, else the log start or end per `start`, or
+    for a start at a time, the offsets Kafka found at that time (`at`)."""
     out = dict(cursors)  # including partitions Kafka no longer has: check_cursors refuses those
     for tp, wm in partitions.items():
-        out.setdefault(tp, wm.low if start == "earliest" else wm.high)
+        out.setdefault(tp, (at or {}).get(tp, wm.low if start in ("earliest", "time") else wm.high))
     return out
 
 

@@ -63,18 +63,10 @@ def _partition(r, log_start: int | None, end: int | None) -> dict:
             "last_batch_id": r.last_batch_id, "last_batch_age_s": r.last_batch_age_s, "flag": flag}
 
 
-def render(status: dict) -> str:
-    """The human-readable table of one pipeline's status."""
-    source = status["end_offsets_from"] or "unknown"
-    lines = [f"pipeline {status['pipeline']}  (end offsets from {source})"]
-    if status["paused"]:
-        p = status["paused"]
-        lines.append(f"  PAUSED by {p['by']} since {p['since'][:19].replace('T', ' ')}: {p['reason']} (no new batch "
-                     f"until `ledgerbatch resume {status['pipeline']} --by NAME`)")
-    if status["note"]:
-        lines.append(f"  ({status['note']})")
+def partition_table(status: dict) -> list[str]:
+    """The per-partition lines of `status` (and `offsets`), then the total lag."""
     header = ("partition", "log start", "cursor", "end", "lag", "headroom", "last batch", "age")
-    table = [header]
+    table, lines = [header], []
     for p in status["partitions"]:
         table.append((f"{p['topic']}[{p['partition']}]", _n(p["log_start"]), _n(p["cursor"]), _n(p["end_offset"]),
                       _n(p["lag"]), _n(p["retention_headroom"]),
@@ -87,6 +79,20 @@ def render(status: dict) -> str:
     if not status["partitions"]:
         lines.append("  (no cursors yet: the pipeline has not run)")
     lines.append(f"  total lag: {_n(status['total_lag'])}")
+    return lines
+
+
+def render(status: dict) -> str:
+    """The human-readable table of one pipeline's status."""
+    source = status["end_offsets_from"] or "unknown"
+    lines = [f"pipeline {status['pipeline']}  (end offsets from {source})"]
+    if status["paused"]:
+        p = status["paused"]
+        lines.append(f"  PAUSED by {p['by']} since {p['since'][:19].replace('T', ' ')}: {p['reason']} (no new batch "
+                     f"until `ledgerbatch resume {status['pipeline']} --by NAME`)")
+    if status["note"]:
+        lines.append(f"  ({status['note']})")
+    lines += partition_table(status)
     err = status["last_error"]
     lines.append(f"  last error: batch #{err['batch_id']} ({err['kind']}, {err['status']}, {_age(err['age_s'])} ago): "
                  f"{err['error']}" if err else "  last error: none")

@@ -24,6 +24,7 @@ from ledgerbatch.ledger.cursors import get_cursors, init_cursors, record_end_off
 from ledgerbatch.ledger.pauses import current_pause
 from ledgerbatch.model.batch import Batch, BatchKind, BatchStatus
 from ledgerbatch.model.ranges import TopicPartition, Watermarks, plan_ranges, start_offsets
+from ledgerbatch.model.times import epoch_ms
 from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
 
@@ -41,10 +42,17 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
                          batch.attempt)
                 return batch
     ends = kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
-    return plan_from(engine, spec, ends)
+    at = None
+    if spec.start_time is not None:  # a new pipeline that starts at a time: Kafka says where
+        with engine.connect() as conn:
+            if not get_cursors(conn, spec.name, spec.topics):
+                at = kafka.offsets_at(bootstrap_servers, ends, epoch_ms(spec.start_time), dict(spec.kafka_options))
+    return plan_from(engine, spec, ends, at)
 
 
-def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Watermarks]) -> Batch | None:
+def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Watermarks],
+              at: dict[TopicPartition, int] | None = None) -> Batch | None:
+    """Plan under the pipeline lock; `at`: where a pipeline that starts at a time starts (plan_next)."""
     with engine.begin() as conn:
         lock_pipeline(conn, spec.name)
         record_end_offsets(conn, spec.name, ends)
@@ -60,7 +68,7 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
             return None
         cursors = get_cursors(conn, spec.name, spec.topics)
         # A new pipeline starts where the spec says; partitions added later start at their log start.
-        starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest")
+        starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest", at if not cursors else None)
         ranges = plan_ranges(ends, starts, spec.max_records)
         init_cursors(conn, spec.name, {tp: o for tp, o in starts.items() if tp not in cursors})
         if not ranges:

@@ -8,11 +8,9 @@ commit/diff.py; running one end to end, ops/run.py.
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.errors import ConfigError, LedgerbatchError
@@ -20,6 +18,7 @@ from ledgerbatch.ledger.batches import delivering_batches, get_batch, insert_bat
 from ledgerbatch.ledger.cursors import range_kind
 from ledgerbatch.model.batch import Batch
 from ledgerbatch.model.ranges import OffsetRange, widen
+from ledgerbatch.model.times import epoch_ms
 from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
 
@@ -74,26 +73,15 @@ def resolve_ranges(spec: PipelineSpec, bootstrap_servers: str, request: ReplayRe
 
 
 def _offsets_for_times(spec, bootstrap_servers, request, partitions, ends) -> dict[int, tuple[int, int]]:
-    consumer = Consumer(kafka.consumer_config(bootstrap_servers, dict(spec.kafka_options)))
-    try:
-        out = {}
-        for bound in ("from", "until"):
-            ms = request.from_time_ms if bound == "from" else request.until_time_ms
-            found = consumer.offsets_for_times([TopicPartition(request.topic, p, ms) for p in partitions], timeout=15)
-            for tp in found:
-                if tp.error is not None:
-                    raise ConfigError(f"the broker cannot resolve timestamps to offsets: {tp.error.str()}; give offsets instead")
-                # -1: no record at or after the time, so the window ends at the log end.
-                offset = ends[(request.topic, tp.partition)].high if tp.offset == -1 else tp.offset
-                out.setdefault(tp.partition, [0, 0])[0 if bound == "from" else 1] = offset
-        if all(lo == hi == ends[(request.topic, p)].high for p, (lo, hi) in out.items()):
-            raise ConfigError("the broker resolved no offsets for that time window (it may not support timestamp "
-                              "look-ups, as librdkafka's mock cluster does not); give offsets instead")
-        return {p: (lo, hi) for p, (lo, hi) in out.items()}
-    except KafkaException as exc:
-        raise ConfigError(f"offset look-up by time failed: {exc.args[0].str()}") from None
-    finally:
-        consumer.close()
+    chosen = {(request.topic, p): ends[(request.topic, p)] for p in partitions}
+    options = dict(spec.kafka_options)
+    lows = kafka.offsets_at(bootstrap_servers, chosen, request.from_time_ms, options)
+    highs = kafka.offsets_at(bootstrap_servers, chosen, request.until_time_ms, options)
+    out = {p: (lows[(request.topic, p)], highs[(request.topic, p)]) for p in partitions}
+    if all(lo == hi == ends[(request.topic, p)].high for p, (lo, hi) in out.items()):
+        raise ConfigError("the broker resolved no offsets for that time window (it may not support timestamp "
+                          "look-ups, as librdkafka's mock cluster does not); give offsets instead")
+    return out
 
 
 def plan_replay(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -> Batch:
@@ -144,21 +132,6 @@ def request_from_params(spec: PipelineSpec, params: dict) -> ReplayRequest:
         partitions=tuple(int(p) for p in partitions) if partitions else None,
         from_offset=params.get("from_offset"),
         until_offset=params.get("until_offset"),
-        from_time_ms=_epoch_ms(params.get("from_time")),
-        until_time_ms=_epoch_ms(params.get("until_time")),
+        from_time_ms=epoch_ms(params.get("from_time")),
+        until_time_ms=epoch_ms(params.get("until_time")),
     )
-
-
-def _epoch_ms(value: str | None) -> int | None:
-    if not value:
-        return None
-    try:
-        ts = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise LedgerbatchError(f"{value!r} is not an ISO-8601 time") from None
-    ts = ts.replace(tzinfo=dt.timezone.utc) if ts.tzinfo is None else ts
-    return int(ts.timestamp() * 1000)
-
-
-
-

@@ -42,3 +42,22 @@ def watermarks(bootstrap_servers: str, topics: tuple[str, ...], options: dict[st
         raise ConfigError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}") from None
     finally:
         consumer.close()
+
+
+def offsets_at(bootstrap_servers: str, ends: dict[TP, Watermarks], ms: int,
+               options: dict[str, str] | None = None) -> dict[TP, int]:
+    """Per partition of `ends`, the first offset whose record timestamp is at or after `ms` (Kafka's
+    ListOffsets by time); the end offset where no record is that late."""
+    consumer = Consumer(consumer_config(bootstrap_servers, options))
+    try:
+        found = consumer.offsets_for_times([TopicPartition(t, p, ms) for t, p in sorted(ends)], timeout=METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise ConfigError(f"offset look-up by time failed: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()
+    out = {}
+    for tp in found:
+        if tp.error is not None:
+            raise ConfigError(f"the broker cannot resolve timestamps to offsets: {tp.error.str()}; give offsets instead")
+        out[(tp.topic, tp.partition)] = ends[(tp.topic, tp.partition)].high if tp.offset < 0 else tp.offset
+    return out

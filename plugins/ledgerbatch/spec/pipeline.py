@@ -1,6 +1,7 @@
 """Pipeline specs: `pipelines/NAME.yaml`, loaded and validated into one immutable value."""
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
@@ -9,11 +10,12 @@ from pathlib import Path
 
 import yaml
 
-from ledgerbatch.errors import SpecError, SpecVersionError
+from ledgerbatch.errors import LedgerbatchError, SpecError, SpecVersionError
 from ledgerbatch.formats.decoders.catalog import CHANGE_FORMATS, DEBEZIUM_AVRO, FORMATS, REGISTRY_FORMATS
 from ledgerbatch.formats.decoders.confluent_wire import CLIENT_OPTIONS
 from ledgerbatch.formats.schema import METADATA, Column, parse_schema
 from ledgerbatch.identifiers import check_ident, qualified
+from ledgerbatch.model.times import epoch_ms
 
 ON_NEW_DATA = "on_new_data"
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
@@ -41,7 +43,8 @@ class PipelineSpec:
     target_table: str
     mode: str = "append"
     key: tuple[str, ...] = ()
-    start: str = "earliest"
+    start: str = "earliest"  # earliest | latest | time: a new pipeline's cursors, the last at start_time
+    start_time: str | None = None  # ISO-8601: where `start: {time: ...}` starts
     max_records: int = 100_000
     error_policy: str = "quarantine"
     max_error_ratio: float = 0.05
@@ -180,7 +183,7 @@ def parse_spec(doc: object) -> PipelineSpec:
             raise SpecError("source.schema_registry is only used by the registry formats (avro, protobuf, json_schema) "
                             "and by debezium with converter avro")
         columns = parse_schema(_required(source, "schema", "source"))
-    start = _choice(source.get("start", "earliest"), "source.start", ("earliest", "latest"))
+    start, start_time = _start(source.get("start", "earliest"))
     metadata = source.get("metadata", [])
     if not isinstance(metadata, list) or any(m not in METADATA for m in metadata) or len(set(metadata)) != len(metadata):
         raise SpecError(f"source.metadata must be a list of distinct items from {', '.join(METADATA)}, got {metadata!r}")
@@ -245,6 +248,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         mode=mode,
         key=tuple(key),
         start=start,
+        start_time=start_time,
         max_records=max_records,
         error_policy=policy,
         max_error_ratio=float(ratio),
@@ -293,6 +297,20 @@ def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str],
     for column, _ in (transform.items() if isinstance(transform, dict) else transform):
         if column not in names:
             raise SpecError(f"transform: {column!r} is not a column of source.schema")
+
+
+def _start(value: object) -> tuple[str, str | None]:
+    """`source.start`: earliest, latest, or {time: ISO-8601}: the first offset at or after that time."""
+    if isinstance(value, dict):
+        if set(value) != {"time"} or not isinstance(value["time"], (str, dt.datetime)):
+            raise SpecError(f"source.start must be earliest, latest or {{time: ISO-8601}}, got {value!r}")
+        when = value["time"].isoformat() if isinstance(value["time"], dt.datetime) else value["time"]
+        try:
+            epoch_ms(when)
+        except LedgerbatchError as exc:
+            raise SpecError(f"source.start.time: {exc}") from None
+        return "time", when
+    return _choice(value, "source.start", ("earliest", "latest")), None
 
 
 def _version(value: object, mode: str, fmt: str, deletes: bool, query: str | None, key: list,
