@@ -1,7 +1,7 @@
 import pytest
 
 from ledgerbatch.errors import DataLossError, LedgerbatchError
-from ledgerbatch.model.ranges import OffsetRange, Watermarks, plan_ranges, split_budget, start_offsets
+from ledgerbatch.model.ranges import OffsetRange, Watermarks, plan_ranges, split_budget, start_offsets, too_early
 
 
 def test_split_budget_serves_small_lags_whole_and_splits_the_rest_evenly():
@@ -56,3 +56,18 @@ def test_offset_range_rejects_backwards_ranges_and_round_trips():
         OffsetRange("t", 0, 5, 4)
     r = OffsetRange("t", 2, 5, 9)
     assert OffsetRange.from_dict(r.to_dict()) == r and r.span == 4
+
+
+def test_a_partition_cap_bounds_each_range_and_the_rest_is_shared():
+    ends = {("t", 0): Watermarks(0, 1000), ("t", 1): Watermarks(0, 30)}
+    assert plan_ranges(ends, {("t", 0): 0, ("t", 1): 0}, 500, per_partition=100) == [
+        OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 30)]
+    assert plan_ranges(ends, {("t", 0): 0, ("t", 1): 0}, 50, per_partition=100) == [
+        OffsetRange("t", 0, 0, 25), OffsetRange("t", 1, 0, 25)]
+
+
+def test_too_early_waits_for_min_records_until_max_delay():
+    assert too_early(10, 100, 5.0, 60.0)
+    assert not too_early(10, 100, 61.0, 60.0)  # the oldest waited long enough
+    assert not too_early(100, 100, 5.0, 60.0) and not too_early(0, 100, 5.0, 60.0)
+    assert not too_early(10, 100, None, 60.0)  # its age unknown: do not hold it back

@@ -54,6 +54,13 @@ def test_design_minimal_spec_is_accepted():
     ({"errors__max_ratio": 2}, "between 0 and 1"),
     ({"errors__policy": "ignore"}, "must be one of quarantine, fail"),
     ({"errors__min_bad": -1}, "errors.min_bad must be a whole number of records, 0 or more, got -1"),
+    ({"batch__max_records_per_partition": 0}, "batch.max_records_per_partition must be a positive integer, got 0"),
+    ({"batch__min_records": 200000}, "batch.min_records must be a positive integer up to batch.max_records (100000)"),
+    ({"batch__min_records": 1000}, "batch.min_records needs batch.max_delay (e.g. 5m)"),
+    ({"batch__min_records": 1000, "batch__max_delay": "5 minutes"}, "batch.max_delay must be seconds or a duration "
+                                                                   "such as 90s, 5m or 1h, got '5 minutes'"),
+    ({"source__start": {"time": "yesterday"}}, "source.start.time: 'yesterday' is not an ISO-8601 time"),
+    ({"source__start": {"when": "2026-11-01"}}, "source.start must be earliest, latest or {time: ISO-8601}"),
     ({"errors__min_bad": 2.5}, "errors.min_bad must be a whole number of records, 0 or more, got 2.5"),
     ({"source__start": "middle"}, "must be one of earliest, latest"),
     ({"source__topics": []}, "non-empty list"),
@@ -186,3 +193,13 @@ def test_versions_name_a_column_the_metadata_timestamp_or_a_debezium_position():
     assert cdc.version_by == "_source_lsn" and cdc.columns[-1].name == "_source_lsn"
     assert cdc.columns[-1].pg_type == "bigint" and cdc.required == ("order_id", "_source_lsn")
     assert parse_spec(spec_with(**UPSERT)).version_by is None
+
+
+def test_intake_limits_and_start_times():
+    s = parse_spec(spec_with(batch={"max_records": 5000, "max_records_per_partition": 1000, "min_records": 500,
+                                    "max_delay": "5m"}, source__start={"time": "2026-11-01T00:00:00Z"}))
+    assert (s.max_records_per_partition, s.min_records, s.max_delay_s) == (1000, 500, 300.0)
+    assert (s.start, s.start_time) == ("time", "2026-11-01T00:00:00Z")
+    assert parse_spec(spec_with(batch={"max_records": 10, "min_records": 5, "max_delay": 90})).max_delay_s == 90.0
+    plain = parse_spec(MINIMAL)
+    assert (plain.max_records_per_partition, plain.min_records, plain.start_time) == (None, 1, None)

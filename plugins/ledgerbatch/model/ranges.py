@@ -89,10 +89,12 @@ def split_budget(lags: dict[TopicPartition, int], budget: int) -> dict[TopicPart
     return alloc
 
 
-def plan_ranges(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int], max_records: int) -> list[OffsetRange]:
-    """Next batch's ranges from the cursors up to the end offsets, at most `max_records` offsets in all."""
+def plan_ranges(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int], max_records: int,
+                per_partition: int | None = None) -> list[OffsetRange]:
+    """Next batch's ranges from the cursors up to the end offsets, at most `max_records` offsets in all and
+    `per_partition` in one partition."""
     check_cursors(partitions, cursors)
-    lags = {tp: partitions[tp].high - pos for tp, pos in cursors.items()}
+    lags = {tp: min(partitions[tp].high - pos, per_partition or max_records) for tp, pos in cursors.items()}
     alloc = split_budget(lags, max_records)
     return sorted(OffsetRange(tp[0], tp[1], cursors[tp], cursors[tp] + n) for tp, n in alloc.items())
 
@@ -119,3 +121,9 @@ def widen(requested, delivered) -> list[OffsetRange]:
             low, high = bounds.get(r.topic_partition, (r.from_offset, r.until_offset))
             bounds[r.topic_partition] = (min(low, r.from_offset), max(high, r.until_offset))
     return [OffsetRange(t, p, low, high) for (t, p), (low, high) in sorted(bounds.items())]
+
+
+def too_early(pending: int, min_records: int, oldest_age_s: float | None, max_delay_s: float) -> bool:
+    """Whether to wait for more records before planning: fewer than `min_records` offsets are pending and
+    the oldest of them (its record's age, None when unknown) is younger than `max_delay_s`."""
+    return 0 < pending < min_records and oldest_age_s is not None and oldest_age_s < max_delay_s

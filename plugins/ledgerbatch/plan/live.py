@@ -8,6 +8,7 @@ A paused pipeline (ops/pause.py) gets no new batch; its unfinished one is still 
 from __future__ import annotations
 
 import logging
+import time
 
 from sqlalchemy.engine import Engine
 
@@ -23,7 +24,7 @@ from ledgerbatch.ledger.batches import (
 from ledgerbatch.ledger.cursors import get_cursors, init_cursors, record_end_offsets
 from ledgerbatch.ledger.pauses import current_pause
 from ledgerbatch.model.batch import Batch, BatchKind, BatchStatus
-from ledgerbatch.model.ranges import TopicPartition, Watermarks, plan_ranges, start_offsets
+from ledgerbatch.model.ranges import TopicPartition, Watermarks, plan_ranges, start_offsets, too_early
 from ledgerbatch.model.times import epoch_ms
 from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -42,12 +43,32 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
                          batch.attempt)
                 return batch
     ends = kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
+    with engine.connect() as conn:
+        cursors = get_cursors(conn, spec.name, spec.topics)
     at = None
-    if spec.start_time is not None:  # a new pipeline that starts at a time: Kafka says where
-        with engine.connect() as conn:
-            if not get_cursors(conn, spec.name, spec.topics):
-                at = kafka.offsets_at(bootstrap_servers, ends, epoch_ms(spec.start_time), dict(spec.kafka_options))
+    if spec.start_time is not None and not cursors:  # a new pipeline that starts at a time: Kafka says where
+        at = kafka.offsets_at(bootstrap_servers, ends, epoch_ms(spec.start_time), dict(spec.kafka_options))
+    if spec.min_records > 1 and _filling(spec, bootstrap_servers, ends,
+                                         start_offsets(ends, cursors, spec.start if not cursors else "earliest", at)):
+        return None
     return plan_from(engine, spec, ends, at)
+
+
+def _filling(spec: PipelineSpec, bootstrap_servers: str, ends: dict[TopicPartition, Watermarks],
+             positions: dict[TopicPartition, int]) -> bool:
+    """batch.min_records: fewer offsets pending than that, and the oldest has not waited batch.max_delay."""
+    pending = {tp: pos for tp, pos in positions.items() if tp in ends and ends[tp].high > pos}
+    total = sum(ends[tp].high - pos for tp, pos in pending.items())
+    if not 0 < total < spec.min_records:
+        return False
+    stamps = [ms for ms in kafka.timestamps_at(bootstrap_servers, pending, dict(spec.kafka_options)).values()
+              if ms is not None and ms > 0]
+    age = time.time() - min(stamps) / 1000 if stamps else None
+    if not too_early(total, spec.min_records, age, spec.max_delay_s):
+        return False
+    log.info("%s: %d offsets pending, fewer than batch.min_records %d, and the oldest has waited %.0fs of "
+             "batch.max_delay %gs: no batch yet", spec.name, total, spec.min_records, age, spec.max_delay_s)
+    return True
 
 
 def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Watermarks],
@@ -69,7 +90,7 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         cursors = get_cursors(conn, spec.name, spec.topics)
         # A new pipeline starts where the spec says; partitions added later start at their log start.
         starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest", at if not cursors else None)
-        ranges = plan_ranges(ends, starts, spec.max_records)
+        ranges = plan_ranges(ends, starts, spec.max_records, spec.max_records_per_partition)
         init_cursors(conn, spec.name, {tp: o for tp, o in starts.items() if tp not in cursors})
         if not ranges:
             return None

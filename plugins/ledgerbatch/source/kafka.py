@@ -1,6 +1,8 @@
 """Kafka metadata through the ordinary confluent-kafka client: partitions and read_committed end offsets."""
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from ledgerbatch.errors import ConfigError
@@ -60,4 +62,26 @@ def offsets_at(bootstrap_servers: str, ends: dict[TP, Watermarks], ms: int,
         if tp.error is not None:
             raise ConfigError(f"the broker cannot resolve timestamps to offsets: {tp.error.str()}; give offsets instead")
         out[(tp.topic, tp.partition)] = ends[(tp.topic, tp.partition)].high if tp.offset < 0 else tp.offset
+    return out
+
+
+def timestamps_at(bootstrap_servers: str, positions: dict[TP, int], options: dict[str, str] | None = None,
+                  timeout_s: float = 10.0) -> dict[TP, int | None]:
+    """The timestamp (epoch ms) of the first committed record at or after each position; None where none
+    arrived within `timeout_s`."""
+    consumer = Consumer(consumer_config(bootstrap_servers, options))
+    out: dict[TP, int | None] = {tp: None for tp in positions}
+    try:
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
+        deadline = time.monotonic() + timeout_s
+        while None in out.values() and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error() is not None or out.get((msg.topic(), msg.partition())) is not None:
+                continue
+            out[(msg.topic(), msg.partition())] = msg.timestamp()[1]
+            consumer.pause([TopicPartition(msg.topic(), msg.partition())])  # one record of each is enough
+    except KafkaException as exc:
+        raise ConfigError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()
     return out

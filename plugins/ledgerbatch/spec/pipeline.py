@@ -22,7 +22,7 @@ _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedu
 _SECTION_KEYS = {
     "source": {"topics", "format", "converter", "schema", "start", "kafka", "metadata", "schema_registry"},
     "target": {"table", "mode", "key", "evolve", "measures", "deletes", "version"},
-    "batch": {"max_records"},
+    "batch": {"max_records", "max_records_per_partition", "min_records", "max_delay"},
     "errors": {"policy", "max_ratio", "min_bad", "on_reject"},
 }
 CONVERTERS = ("json", "avro")  # format debezium: Kafka Connect's JsonConverter (default) or Confluent's AvroConverter
@@ -46,6 +46,9 @@ class PipelineSpec:
     start: str = "earliest"  # earliest | latest | time: a new pipeline's cursors, the last at start_time
     start_time: str | None = None  # ISO-8601: where `start: {time: ...}` starts
     max_records: int = 100_000
+    max_records_per_partition: int | None = None  # at most this many offsets of one partition per batch
+    min_records: int = 1  # wait for this many pending offsets, unless the oldest is max_delay_s old
+    max_delay_s: float = 0.0
     error_policy: str = "quarantine"
     max_error_ratio: float = 0.05
     min_bad: int = 0  # errors.max_ratio trips only above this many bad records in a batch
@@ -225,6 +228,18 @@ def parse_spec(doc: object) -> PipelineSpec:
     max_records = batch.get("max_records", 100_000)
     if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
         raise SpecError(f"batch.max_records must be a positive integer, got {max_records!r}")
+    per_partition = batch.get("max_records_per_partition")
+    if per_partition is not None and (isinstance(per_partition, bool) or not isinstance(per_partition, int)
+                                      or per_partition < 1):
+        raise SpecError(f"batch.max_records_per_partition must be a positive integer, got {per_partition!r}")
+    min_records = batch.get("min_records", 1)
+    if isinstance(min_records, bool) or not isinstance(min_records, int) or not 1 <= min_records <= max_records:
+        raise SpecError(f"batch.min_records must be a positive integer up to batch.max_records ({max_records}), "
+                        f"got {min_records!r}")
+    max_delay_s = _seconds(batch.get("max_delay", 0), "batch.max_delay")
+    if min_records > 1 and not max_delay_s:
+        raise SpecError("batch.min_records needs batch.max_delay (e.g. 5m): how long the oldest pending record "
+                        "may wait for a batch to fill")
     policy = _choice(errors.get("policy", "quarantine"), "errors.policy", ("quarantine", "fail"))
     ratio = errors.get("max_ratio", 0.05)
     on_reject = _choice(errors.get("on_reject", "quarantine"), "errors.on_reject", ("quarantine", "fail"))
@@ -250,6 +265,9 @@ def parse_spec(doc: object) -> PipelineSpec:
         start=start,
         start_time=start_time,
         max_records=max_records,
+        max_records_per_partition=per_partition,
+        min_records=min_records,
+        max_delay_s=max_delay_s,
         error_policy=policy,
         max_error_ratio=float(ratio),
         min_bad=min_bad,
@@ -297,6 +315,16 @@ def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str],
     for column, _ in (transform.items() if isinstance(transform, dict) else transform):
         if column not in names:
             raise SpecError(f"transform: {column!r} is not a column of source.schema")
+
+
+def _seconds(value: object, what: str) -> float:
+    """A duration: seconds as a number, or a string such as 90s, 5m or 1h."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?[smh]", value.strip()):
+        return float(value.strip()[:-1]) * units[value.strip()[-1]]
+    raise SpecError(f"{what} must be seconds or a duration such as 90s, 5m or 1h, got {value!r}")
 
 
 def _start(value: object) -> tuple[str, str | None]:
