@@ -20,6 +20,10 @@ WHERE _unit BETWEEN CAST(current_setting('ledgerbatch.slice_from') AS bigint)
 -- name: set_slice
 SELECT set_config('ledgerbatch.slice_from', :first, true), set_config('ledgerbatch.slice_to', :last, true);
 
+-- name: breaking_units
+-- The rows that break one CHECK or NOT NULL of the target ({breaks}: the server's own definition of it).
+SELECT _unit FROM ledger_staging.{units} WHERE {breaks} ORDER BY _unit;
+
 -- name: unit_coordinates
 SELECT _topic AS topic, _partition AS partition, _offset AS "offset" FROM ledger_staging.{units} WHERE _unit = :unit;
 
