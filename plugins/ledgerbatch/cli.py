@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print a JSON list of pipelines, for scripts")
     verify = sub.add_parser("verify", help="check the exactly-once invariants; exit 1 naming each violation")
     verify.add_argument("pipeline")
+    verify.add_argument("--deep", action="store_true", help="also read the committed ranges from Kafka again and "
+                                                           "compare every record with the target and the quarantine")
+    verify.add_argument("--since", type=_positive, default=0, metavar="BATCH", help="--deep: batches from this id on")
+    verify.add_argument("--sample", type=_positive_float, default=1.0, metavar="FRACTION",
+                        help="--deep: this fraction of the batches (default all)")
+    verify.add_argument("--master", help="--deep: Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
+    verify.add_argument("--remote", metavar="sc://HOST:PORT", help="--deep: run on this Spark Connect server")
     loss = sub.add_parser("acknowledge-loss", help="record offsets deleted from Kafka before delivery, so the pipeline can go on")
     loss.add_argument("pipeline")
     loss.add_argument("--by", required=True, metavar="NAME", help="who acknowledges the loss")
@@ -285,10 +292,24 @@ def cmd_verify(args, settings: Settings) -> int:
     from ledgerbatch.ops.verify import verify
 
     spec = _spec(settings, args.pipeline)
+    if not args.deep and (args.since or args.sample != 1.0):
+        raise LedgerbatchError("--since and --sample choose what verify --deep reads again: add --deep")
     problems = verify(_engine(settings), spec)
     for problem in problems:
         print(f"VIOLATION {spec.name}: {problem}")
     print(f"{spec.name}: {len(problems)} violations" if problems else f"{spec.name}: all invariants hold")
+    if args.deep:
+        from ledgerbatch.ops.deep_verify import deep_verify
+
+        report = deep_verify(_engine(settings), spec, settings.db_url, settings.require_bootstrap(),
+                             _spark_factory(args, settings, f"ledgerbatch-verify-{spec.name}"), args.since, args.sample)
+        for r in report.not_checkable:
+            print(f"NOT CHECKABLE {spec.name}: {r} ({r.span} offsets): no longer in Kafka (retention)")
+        for problem in report.problems:
+            print(f"MISMATCH {spec.name}: {problem}")
+        print(f"{spec.name}: {report.records} offsets in {len(report.ranges)} ranges read again from Kafka: "
+              + (f"{len(report.problems)} kinds of mismatch" if report.problems else "every record accounted for"))
+        problems = problems + report.problems
     return 1 if problems else 0
 
 

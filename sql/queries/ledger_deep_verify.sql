@@ -1,0 +1,103 @@
+-- `ledgerbatch verify --deep` (plugins/ledgerbatch/ops/deep_verify.py): the committed ranges read again from
+-- Kafka into a staging table (never committed) and compared with what the target and the quarantine hold.
+-- Each comparison gives (problem, records, examples): how many coordinates, and up to 10 of them.
+
+-- name: delivered_ranges
+-- The ranges committed live or backfill batches delivered: all, since a batch, or a sample of the batches
+-- (by a hash of their id, so the same fraction picks the same batches).
+SELECT r.topic, r.partition, r.from_offset, r.until_offset
+FROM ledger.batch_ranges r JOIN ledger.batches b USING (batch_id)
+WHERE b.pipeline = :pipeline AND b.kind IN ('live', 'backfill') AND b.status = 'committed' AND b.batch_id >= :since
+  AND (abs(hashtext(b.batch_id::text)) % 1000000) < :sample * 1000000
+ORDER BY r.topic, r.partition, r.from_offset;
+
+-- name: deep_append
+-- Append: every good record is a row with its coordinates and its values (unless the target refused it:
+-- then it is in quarantine), and every row of the ranges is such a record.
+WITH r AS (
+    SELECT * FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                         CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+), t AS (
+    SELECT t.* FROM {schema}.{table} t JOIN r ON t._topic = r.topic AND t._partition = r.partition
+                                            AND t._offset >= r.from_offset AND t._offset < r.until_offset
+), found AS (
+    SELECT 'missing from the target' AS problem, s._topic AS topic, s._partition AS partition, s._offset AS "offset"
+    FROM ledger_staging.{staging} s
+    WHERE NOT EXISTS (SELECT 1 FROM t WHERE t._topic = s._topic AND t._partition = s._partition AND t._offset = s._offset)
+      AND NOT EXISTS (SELECT 1 FROM ledger.quarantine q WHERE q.pipeline = :pipeline AND q.sqlstate IS NOT NULL
+                      AND q.topic = s._topic AND q.partition = s._partition AND q."offset" = s._offset)
+    UNION ALL
+    SELECT 'differs from the record in Kafka', t._topic, t._partition, t._offset
+    FROM t JOIN ledger_staging.{staging} s ON s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset
+    WHERE ROW({columns_t}) IS DISTINCT FROM ROW({columns_s})
+    UNION ALL
+    SELECT 'in the target, but not a good record in Kafka', t._topic, t._partition, t._offset
+    FROM t WHERE NOT EXISTS (SELECT 1 FROM ledger_staging.{staging} s
+                             WHERE s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset)
+)
+SELECT problem, count(*) AS records,
+       (array_agg(topic || '[' || partition || '] offset ' || "offset" ORDER BY topic, partition, "offset"))[1:10] AS examples
+FROM found GROUP BY problem ORDER BY problem;
+
+-- name: deep_upsert
+-- Upsert: a row whose coordinates lie in the ranges holds the values of the record at those coordinates;
+-- a key the records upsert has a row (or a later delete: {deleted}); with target.version no row holds an
+-- older version than a record of its key ({newer}). A row may hold a newer record from outside the
+-- ranges: it is checked when its own range is.
+WITH r AS (
+    SELECT * FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                         CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+), t AS (
+    SELECT t.* FROM {schema}.{table} t JOIN r ON t._topic = r.topic AND t._partition = r.partition
+                                            AND t._offset >= r.from_offset AND t._offset < r.until_offset
+), s AS (
+    SELECT * FROM ledger_staging.{staging} s WHERE {upserts}
+      AND NOT EXISTS (SELECT 1 FROM ledger.quarantine q WHERE q.pipeline = :pipeline AND q.sqlstate IS NOT NULL
+                      AND q.topic = s._topic AND q.partition = s._partition AND q."offset" = s._offset)
+), found AS (
+    SELECT 'differs from the record in Kafka' AS problem, t._topic AS topic, t._partition AS partition, t._offset AS "offset"
+    FROM t JOIN s ON s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset
+    WHERE ROW({columns_t}) IS DISTINCT FROM ROW({columns_s})
+    UNION ALL
+    SELECT 'in the target, but not a good record in Kafka', t._topic, t._partition, t._offset
+    FROM t WHERE NOT EXISTS (SELECT 1 FROM s WHERE s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset)
+    UNION ALL
+    SELECT DISTINCT ON ({key_c}) 'its key has no row in the target', c._topic, c._partition, c._offset
+    FROM s c
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.{table} t WHERE {match_t}) AND NOT {deleted}
+    UNION ALL
+    SELECT 'its row holds an older version of its key', t._topic, t._partition, t._offset
+    FROM s c JOIN {schema}.{table} t ON {match_t}
+    WHERE {newer}
+)
+SELECT problem, count(*) AS records,
+       (array_agg(topic || '[' || partition || '] offset ' || "offset" ORDER BY topic, partition, "offset"))[1:10] AS examples
+FROM found GROUP BY problem ORDER BY problem;
+
+-- name: deep_quarantine
+-- Every bad record is in ledger.quarantine with the same raw bytes; every bad record quarantined from the
+-- ranges is still bad (rows the target refused are checked with the rows).
+WITH r AS (
+    SELECT * FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
+                         CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
+), q AS (
+    SELECT q.* FROM ledger.quarantine q JOIN r ON q.topic = r.topic AND q.partition = r.partition
+                                              AND q."offset" >= r.from_offset AND q."offset" < r.until_offset
+    WHERE q.pipeline = :pipeline AND q.sqlstate IS NULL
+), found AS (
+    SELECT 'bad in Kafka, but not in quarantine' AS problem, b._topic AS topic, b._partition AS partition,
+           b._offset AS "offset"
+    FROM ledger_staging.{bad} b
+    WHERE NOT EXISTS (SELECT 1 FROM q WHERE q.topic = b._topic AND q.partition = b._partition AND q."offset" = b._offset)
+    UNION ALL
+    SELECT 'quarantined bytes differ from the record in Kafka', q.topic, q.partition, q."offset"
+    FROM q JOIN ledger_staging.{bad} b ON q.topic = b._topic AND q.partition = b._partition AND q."offset" = b._offset
+    WHERE q.value IS DISTINCT FROM b._value OR q.key IS DISTINCT FROM b._key
+    UNION ALL
+    SELECT 'quarantined, but not a bad record in Kafka', q.topic, q.partition, q."offset"
+    FROM q WHERE NOT EXISTS (SELECT 1 FROM ledger_staging.{bad} b
+                             WHERE b._topic = q.topic AND b._partition = q.partition AND b._offset = q."offset")
+)
+SELECT problem, count(*) AS records,
+       (array_agg(topic || '[' || partition || '] offset ' || "offset" ORDER BY topic, partition, "offset"))[1:10] AS examples
+FROM found GROUP BY problem ORDER BY problem;
