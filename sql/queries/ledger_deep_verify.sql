@@ -20,24 +20,24 @@ WITH r AS (
 ), t AS (
     SELECT t.* FROM {schema}.{table} t JOIN r ON t._topic = r.topic AND t._partition = r.partition
                                             AND t._offset >= r.from_offset AND t._offset < r.until_offset
-), found AS (
-    SELECT 'missing from the target' AS problem, s._topic AS topic, s._partition AS partition, s._offset AS "offset"
-    FROM ledger_staging.{staging} s
-    WHERE NOT EXISTS (SELECT 1 FROM t WHERE t._topic = s._topic AND t._partition = s._partition AND t._offset = s._offset)
-      AND NOT EXISTS (SELECT 1 FROM ledger.quarantine q WHERE q.pipeline = :pipeline AND q.sqlstate IS NOT NULL
-                      AND q.topic = s._topic AND q.partition = s._partition AND q."offset" = s._offset)
-    UNION ALL
-    SELECT 'differs from the record in Kafka', t._topic, t._partition, t._offset
-    FROM t JOIN ledger_staging.{staging} s ON s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset
-    WHERE ROW({columns_t}) IS DISTINCT FROM ROW({columns_s})
-    UNION ALL
-    SELECT 'in the target, but not a good record in Kafka', t._topic, t._partition, t._offset
-    FROM t WHERE NOT EXISTS (SELECT 1 FROM ledger_staging.{staging} s
-                             WHERE s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset)
+), found AS (  -- one pass: a full join of the rows and the records by coordinates
+    SELECT CASE WHEN t._offset IS NULL THEN 'good records missing from the target'
+                WHEN s._offset IS NULL THEN 'rows that are not a good record in Kafka'
+                WHEN ROW({columns_t}) IS DISTINCT FROM ROW({columns_s}) THEN 'rows that differ from their record in Kafka'
+           END AS problem,
+           coalesce(t._topic, s._topic) AS topic, coalesce(t._partition, s._partition) AS partition,
+           coalesce(t._offset, s._offset) AS "offset"
+    FROM t FULL JOIN ledger_staging.{staging} s
+      ON s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset
 )
 SELECT problem, count(*) AS records,
        (array_agg(topic || '[' || partition || '] offset ' || "offset" ORDER BY topic, partition, "offset"))[1:10] AS examples
-FROM found GROUP BY problem ORDER BY problem;
+FROM found f
+WHERE problem IS NOT NULL
+  AND NOT (problem = 'good records missing from the target'  -- a row the target refused is in quarantine
+           AND EXISTS (SELECT 1 FROM ledger.quarantine q WHERE q.pipeline = :pipeline AND q.sqlstate IS NOT NULL
+                       AND q.topic = f.topic AND q.partition = f.partition AND q."offset" = f."offset"))
+GROUP BY problem ORDER BY problem;
 
 -- name: deep_upsert
 -- Upsert: a row whose coordinates lie in the ranges holds the values of the record at those coordinates;
@@ -55,18 +55,18 @@ WITH r AS (
       AND NOT EXISTS (SELECT 1 FROM ledger.quarantine q WHERE q.pipeline = :pipeline AND q.sqlstate IS NOT NULL
                       AND q.topic = s._topic AND q.partition = s._partition AND q."offset" = s._offset)
 ), found AS (
-    SELECT 'differs from the record in Kafka' AS problem, t._topic AS topic, t._partition AS partition, t._offset AS "offset"
+    SELECT 'rows that differ from their record in Kafka' AS problem, t._topic AS topic, t._partition AS partition, t._offset AS "offset"
     FROM t JOIN s ON s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset
     WHERE ROW({columns_t}) IS DISTINCT FROM ROW({columns_s})
     UNION ALL
-    SELECT 'in the target, but not a good record in Kafka', t._topic, t._partition, t._offset
+    SELECT 'rows that are not a good record in Kafka', t._topic, t._partition, t._offset
     FROM t WHERE NOT EXISTS (SELECT 1 FROM s WHERE s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset)
     UNION ALL
-    SELECT DISTINCT ON ({key_c}) 'its key has no row in the target', c._topic, c._partition, c._offset
+    SELECT DISTINCT ON ({key_c}) 'keys without a row in the target', c._topic, c._partition, c._offset
     FROM s c
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.{table} t WHERE {match_t}) AND NOT {deleted}
     UNION ALL
-    SELECT 'its row holds an older version of its key', t._topic, t._partition, t._offset
+    SELECT DISTINCT 'rows older than a delivered version of their key', t._topic, t._partition, t._offset
     FROM s c JOIN {schema}.{table} t ON {match_t}
     WHERE {newer}
 )
@@ -85,16 +85,16 @@ WITH r AS (
                                               AND q."offset" >= r.from_offset AND q."offset" < r.until_offset
     WHERE q.pipeline = :pipeline AND q.sqlstate IS NULL
 ), found AS (
-    SELECT 'bad in Kafka, but not in quarantine' AS problem, b._topic AS topic, b._partition AS partition,
+    SELECT 'bad records missing from quarantine' AS problem, b._topic AS topic, b._partition AS partition,
            b._offset AS "offset"
     FROM ledger_staging.{bad} b
     WHERE NOT EXISTS (SELECT 1 FROM q WHERE q.topic = b._topic AND q.partition = b._partition AND q."offset" = b._offset)
     UNION ALL
-    SELECT 'quarantined bytes differ from the record in Kafka', q.topic, q.partition, q."offset"
+    SELECT 'quarantined records whose bytes differ from Kafka''s', q.topic, q.partition, q."offset"
     FROM q JOIN ledger_staging.{bad} b ON q.topic = b._topic AND q.partition = b._partition AND q."offset" = b._offset
     WHERE q.value IS DISTINCT FROM b._value OR q.key IS DISTINCT FROM b._key
     UNION ALL
-    SELECT 'quarantined, but not a bad record in Kafka', q.topic, q.partition, q."offset"
+    SELECT 'quarantined records that are not bad in Kafka', q.topic, q.partition, q."offset"
     FROM q WHERE NOT EXISTS (SELECT 1 FROM ledger_staging.{bad} b
                              WHERE b._topic = q.topic AND b._partition = q.partition AND b._offset = q."offset")
 )

@@ -38,9 +38,9 @@ def test_deep_verify_finds_each_tampering_of_an_append_target(engine, db_url, br
     tampered = verify()
     assert tampered.returncode == 1
     lines = tampered.stdout.splitlines()
-    assert f"MISMATCH {p.name}: 1 records missing from the target, e.g. {p.topic}[0] offset 5" in lines
-    assert f"MISMATCH {p.name}: 1 records differs from the record in Kafka, e.g. {p.topic}[1] offset 7" in lines
-    assert f"MISMATCH {p.name}: 1 records quarantined bytes differ from the record in Kafka, e.g. {p.topic}[0] offset 0" in lines
+    assert f"MISMATCH {p.name}: good records missing from the target: 1, e.g. {p.topic}[0] offset 5" in lines
+    assert f"MISMATCH {p.name}: rows that differ from their record in Kafka: 1, e.g. {p.topic}[1] offset 7" in lines
+    assert f"MISMATCH {p.name}: quarantined records whose bytes differ from Kafka's: 1, e.g. {p.topic}[0] offset 0" in lines
     assert any(line.startswith(f"VIOLATION {p.name}: 1 target rows lie outside every committed range") for line in lines)
     assert lines[-1] == f"{p.name}: 300 offsets in 2 ranges read again from Kafka: 3 kinds of mismatch"
 
@@ -75,5 +75,6 @@ def test_deep_verify_finds_a_row_rolled_back_to_an_older_version(engine, db_url,
                           "WHERE order_id = 'o-0'"))
     rolled_back = cli(verify, db_url, broker.bootstrap_servers, p.dir)
     assert rolled_back.returncode == 1
-    assert (f"MISMATCH {p.name}: 2 records its row holds an older version of its key, e.g. {p.topic}[0] offset 5, "
-            f"{p.topic}[0] offset 5") in rolled_back.stdout  # o-0's changes at offsets 10 and 15 are newer
+    # o-0's changes at offsets 10 and 15 are newer than its row's
+    assert (f"MISMATCH {p.name}: rows older than a delivered version of their key: 1, e.g. {p.topic}[0] offset 5"
+            in rolled_back.stdout.splitlines())

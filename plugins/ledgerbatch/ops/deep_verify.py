@@ -75,7 +75,7 @@ def deep_verify(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serve
         params = {"pipeline": spec.name, **range_arrays(report.ranges)}
         for name in ("deep_append" if spec.mode == "append" else "deep_upsert", "deep_quarantine"):
             for row in conn.execute(text(query(name, **names)), params):
-                report.problems.append(f"{row.records} records {row.problem}, e.g. {', '.join(row.examples)}")
+                report.problems.append(f"{row.problem}: {row.records}, e.g. {', '.join(row.examples)}")
         mark_abandoned(conn, batch.batch_id, f"verify --deep: {len(report.problems)} kinds of problem")
     drop_finished_staging(engine, spec.name)
     return report
