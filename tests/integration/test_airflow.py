@@ -57,7 +57,8 @@ def test_generated_dags_import_cleanly():
 
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
-    assert set(bag.dag_ids) == {"ledgerbatch_orders", "ledgerbatch_payments", "ledgerbatch_backfill"}
+    assert set(bag.dag_ids) == {"ledgerbatch_orders", "ledgerbatch_payments", "ledgerbatch_backfill",
+                               "ledgerbatch_offsets"}
     assert bag.dags["ledgerbatch_payments"].schedule == "*/15 * * * *"
     dag = bag.dags["ledgerbatch_orders"]  # schedule: on_new_data
     (asset,) = dag.timetable.asset_condition.objects
@@ -137,6 +138,33 @@ def test_process_task_retried_after_sigkill(airflow_db, connections, engine, bro
         batches = conn.execute(text("SELECT batch_id, status, attempt FROM ledger.batches WHERE pipeline = :p"), {"p": p.name}).all()
     assert len(batches) == 1 and batches[0].status == "committed" and batches[0].attempt == 2
     assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
+
+
+def test_offsets_dag_moves_cursors_with_who_and_why(airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
+    p = make_pipeline(partitions=2)
+    produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
+    offsets = build(p, monkeypatch)["ledgerbatch_offsets"]
+    conf = {"pipeline": p.name, "to": "latest", "by": "alice", "reason": "start at the end"}
+
+    def cursors():
+        with engine.connect() as conn:
+            return dict(conn.execute(text("SELECT partition, next_offset FROM ledger.cursors WHERE pipeline = :p"),
+                                     {"p": p.name}).all())
+
+    dry = offsets.test(run_conf=conf)  # dry_run is the default
+    assert str(dry.state) == "success", states(dry)
+    assert cursors() == {}
+    real = offsets.test(run_conf={**conf, "dry_run": False})
+    assert str(real.state) == "success", states(real)
+    assert cursors() == {0: 10, 1: 10}  # a pipeline without cursors starts where they were moved
+    with engine.connect() as conn:
+        moves = conn.execute(text("SELECT partition, from_offset, to_offset, moved_by, reason, request FROM "
+                                  "ledger.offset_moves WHERE pipeline = :p ORDER BY partition"), {"p": p.name}).all()
+    assert [tuple(m) for m in moves] == [(part, None, 10, "alice", "start at the end", "to-latest") for part in (0, 1)]
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match="Invalid input for param by: '' should be non-empty"):
+        offsets.test(run_conf={**conf, "by": "", "dry_run": False})  # the form requires who
 
 
 def test_backfill_dag_replays_a_committed_range(airflow_db, connections, engine, broker, make_pipeline, monkeypatch):

@@ -14,6 +14,7 @@ from airflow.sdk import DAG, Asset, AssetAlias, AssetWatcher, Param
 from ledgerbatch.airflow.hooks import LedgerHook
 from ledgerbatch.airflow.operators import (
     CommitBatchOperator,
+    MoveOffsetsOperator,
     PlanBatchOperator,
     PlanReplayOperator,
     ProcessBatchOperator,
@@ -207,6 +208,44 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
     return dag
 
 
+def offsets_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
+    """`ledgerbatch_offsets`: `ledgerbatch offsets --set` with a form (ops/offsets.py)."""
+    names = [s.name for s in specs] or ["(no pipelines)"]
+    with DAG(
+        dag_id="ledgerbatch_offsets",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        default_args={**DEFAULT_ARGS, "retries": 0},
+        tags=["ledgerbatch", "offsets"],
+        auto_register=False,
+        doc_md="Move a pipeline's cursors to a time, an offset, the log start or its end, as `ledgerbatch offsets "
+               "--set` does. Forward skips offsets, recorded as skipped ranges that `verify` accounts for; back is "
+               "only allowed over skipped offsets (a delivered range is re-delivered with the backfill DAG). Refused "
+               "while a batch is open. Every move is a row of `ledger.offset_moves` with who and why; `dry_run` "
+               "(the default) only logs the moves.",
+        params={
+            "pipeline": Param(names[0], enum=names, title="Pipeline"),
+            "to": Param("time", enum=["time", "offset", "earliest", "latest"], title="Move to",
+                        description="A time (the first offset at or after it), an offset, the log start or its end."),
+            "to_time": Param(None, type=["null", "string"], format="date-time", title="Time",
+                             description="With Move to = time."),
+            "to_offset": Param(None, type=["null", "integer"], minimum=0, title="Offset",
+                               description="With Move to = offset."),
+            "topic": Param(None, type=["null", "string"], title="Topic", description="Empty: every topic."),
+            "partitions": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 0},
+                                title="Partitions", description="A JSON list such as [0, 3]; empty: all."),
+            "by": Param("", type="string", minLength=1, title="By", description="Who moves the offsets."),
+            "reason": Param("", type="string", minLength=1, title="Reason", description="Why (ticket, incident)."),
+            "dry_run": Param(True, type="boolean", title="Dry run", description="Log the moves; change nothing."),
+        },
+    ) as dag:
+        MoveOffsetsOperator(task_id="move", pipeline="{{ params.pipeline }}", pipelines_dir=str(directory),
+                            request="{{ params | tojson }}",
+                            doc_md="Resolve the target per partition and move the cursors in one transaction.")
+    return dag
+
+
 def build_dags(directory: Path | None = None, left_out: list[LeftOut] | None = None) -> dict[str, DAG]:
     """`ledgerbatch_<name>` for every spec of `directory` (default: pipelines_dir()), and `ledgerbatch_backfill`.
 
@@ -224,4 +263,5 @@ def build_dags(directory: Path | None = None, left_out: list[LeftOut] | None = N
         except Exception as exc:  # noqa: BLE001  (this pipeline alone)
             _leave_out(left_out, LeftOut(directory / f"{spec.name}.yaml", f"{type(exc).__name__}: {exc}"))
     dags["ledgerbatch_backfill"] = backfill_dag(built, directory, left_out)
+    dags["ledgerbatch_offsets"] = offsets_dag(built, directory)
     return dags

@@ -156,6 +156,37 @@ class PlanReplayOperator(LedgerbatchBaseOperator):
         return batch.batch_id
 
 
+class MoveOffsetsOperator(LedgerbatchBaseOperator):
+    """Move a pipeline's cursors from the offsets DAG's params, as `ledgerbatch offsets --set` does (ops/offsets.py);
+    returns the moves as text.
+
+    :param request: The offsets DAG's params (to: time, offset, earliest or latest; to_time or to_offset; topic,
+        partitions, by, reason, dry_run), as a dict or its JSON (templated).
+    """
+
+    template_fields = (*LedgerbatchBaseOperator.template_fields, "request")
+
+    def __init__(self, *, request: dict | str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.request = request
+
+    def execute(self, context) -> list[str]:
+        from ledgerbatch.ops.offsets import Target, set_offsets
+
+        engine, spec = self._engine_and_spec()
+        params = json.loads(self.request) if isinstance(self.request, str) else self.request
+        to = params.get("to")
+        target = Target(time=params.get("to_time") if to == "time" else None,
+                        offset=params.get("to_offset") if to == "offset" else None,
+                        earliest=to == "earliest", latest=to == "latest")
+        moves = set_offsets(engine, spec, self.kafka_hook.get_bootstrap_servers(), target, params.get("by") or "",
+                            params.get("reason") or "", params.get("topic") or None, params.get("partitions") or None,
+                            bool(params.get("dry_run")))
+        self.log.info("%s: %s (%s):\n%s", spec.name, "dry run, nothing moved" if params.get("dry_run") else "moved",
+                      target, "\n".join(f"  {m}" for m in moves))
+        return [str(m) for m in moves]
+
+
 class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
     """Stage one batch; a retry re-runs the same pinned ranges under a new attempt.
 
