@@ -138,6 +138,19 @@ def test_trigger_fires_on_new_data_stays_quiet_when_caught_up_and_two_fires_deli
     assert first_event(trigger, QUIET_S) is None
 
 
+def test_the_trigger_waits_for_min_records_until_max_delay(airflow_db, connections, engine, broker, make_pipeline,
+                                                           monkeypatch):
+    p = make_pipeline(partitions=1, schedule="on_new_data", batch={"max_records": 1000, "min_records": 50,
+                                                                   "max_delay": "6s"})
+    dag = build(p, monkeypatch)[f"ledgerbatch_{p.name}"]
+    trigger = watched_trigger(dag)
+    assert first_event(trigger)["reason"] == "the pipeline has no cursors yet"
+    assert str(dag.test().state) == "success"  # records where the pipeline starts
+    produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(10)])
+    assert first_event(trigger, 3.0) is None  # 10 offsets, fewer than min_records, the oldest younger than 6 s
+    assert first_event(trigger, 30.0)["pending_offsets"] == 10  # then max_delay has passed
+
+
 def test_a_running_trigger_fires_once_per_state(connections, engine, broker, make_pipeline, monkeypatch):
     """One run() of the trigger: one event for what is pending, none more until the end offsets move."""
     p = make_pipeline(partitions=1, schedule="on_new_data")

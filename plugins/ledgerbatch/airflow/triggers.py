@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +38,13 @@ class Pending:
     state: tuple            # the end offsets and the offsets already covered, this was computed from
     staging: bool = False   # an attempt of the unfinished batch is being staged now (its lease is live)
     paused: bool = False    # held still by `ledgerbatch pause`: nothing fires until it is resumed
+    filling: bool = False   # batch.min_records: too few offsets yet, the oldest younger than batch.max_delay
 
     @property
     def waiting(self) -> bool:
-        """Something is left to deliver, and the pipeline may deliver it."""
-        return not self.paused and bool(self.offsets or self.never_ran or self.unfinished is not None)
+        """Something is left to deliver, and the pipeline may deliver it now."""
+        return (not self.paused and not self.filling
+                and bool(self.offsets or self.never_ran or self.unfinished is not None))
 
     @property
     def reason(self) -> str:
@@ -84,6 +86,7 @@ class NewDataProbe:
 
         self.spec = spec
         self.engine = engine
+        self.bootstrap_servers = consumer_config["bootstrap.servers"]
         self.consumer: Consumer = Consumer(consumer_config)
         self._lock = threading.Lock()  # a look still running in its thread when the trigger is cancelled
         self._closed = False           # finishes before close() frees the consumer
@@ -117,6 +120,7 @@ class NewDataProbe:
         from ledgerbatch.ledger.batches import attempt_held, get_batch, open_live_batch_id
         from ledgerbatch.ledger.cursors import get_cursors
         from ledgerbatch.ledger.pauses import current_pause
+        from ledgerbatch.plan.live import filling
         from ledgerbatch.stage.lease import LEASE_S
 
         with self._lock:
@@ -129,7 +133,10 @@ class NewDataProbe:
                 staging = open_id is not None and attempt_held(conn, open_id, LEASE_S)
                 cursors = get_cursors(conn, self.spec.name, self.spec.topics)
                 paused = current_pause(conn, self.spec.name) is not None
-        return pending(self.spec, ends, cursors, unfinished, staging, paused)
+        found = pending(self.spec, ends, cursors, unfinished, staging, paused)
+        if self.spec.min_records > 1 and unfinished is None and cursors and 0 < found.offsets < self.spec.min_records:
+            found = replace(found, filling=filling(self.spec, self.bootstrap_servers, ends, cursors))
+        return found
 
     def close(self) -> None:
         with self._lock:
@@ -223,8 +230,8 @@ class NewDataTrigger(BaseEventTrigger):
             if found.paused != paused:
                 paused = found.paused
                 self.log.info("%s: %s", self.pipeline, "paused: quiet until it is resumed" if paused else "resumed")
-            new = not paused and (((found.offsets or found.never_ran) and found.state != fired)
-                                  or (first and found.unfinished is not None))
+            new = not paused and not found.filling and (((found.offsets or found.never_ran) and found.state != fired)
+                                                        or (first and found.unfinished is not None))
             stalled = fired is not None and found.waiting and not found.staging and now - fired_at >= backoff
             if new or stalled:
                 reason = found.reason or f"batch {found.unfinished} is unfinished"

@@ -48,13 +48,13 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
     at = None
     if spec.start_time is not None and not cursors:  # a new pipeline that starts at a time: Kafka says where
         at = kafka.offsets_at(bootstrap_servers, ends, epoch_ms(spec.start_time), dict(spec.kafka_options))
-    if spec.min_records > 1 and _filling(spec, bootstrap_servers, ends,
+    if spec.min_records > 1 and filling(spec, bootstrap_servers, ends,
                                          start_offsets(ends, cursors, spec.start if not cursors else "earliest", at)):
         return None
     return plan_from(engine, spec, ends, at)
 
 
-def _filling(spec: PipelineSpec, bootstrap_servers: str, ends: dict[TopicPartition, Watermarks],
+def filling(spec: PipelineSpec, bootstrap_servers: str, ends: dict[TopicPartition, Watermarks],
              positions: dict[TopicPartition, int]) -> bool:
     """batch.min_records: fewer offsets pending than that, and the oldest has not waited batch.max_delay."""
     pending = {tp: pos for tp, pos in positions.items() if tp in ends and ends[tp].high > pos}
