@@ -49,7 +49,7 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
     if spec.start_time is not None and not cursors:  # a new pipeline that starts at a time: Kafka says where
         at = kafka.offsets_at(bootstrap_servers, ends, epoch_ms(spec.start_time), dict(spec.kafka_options))
     if spec.min_records > 1 and filling(spec, bootstrap_servers, ends,
-                                         start_offsets(ends, cursors, spec.start if not cursors else "earliest", at)):
+                                        start_offsets(ends, cursors, spec.start if not cursors else "earliest", at)):
         return None
     return plan_from(engine, spec, ends, at)
 
