@@ -5,6 +5,12 @@ class LedgerbatchError(Exception):
     """Base of every error the CLI reports as a one-line message."""
 
 
+def require(value: str | None, what: str) -> None:
+    """An operator command's who or why must be given: `what` says which, e.g. "who pauses it (--by NAME)"."""
+    if not value or not value.strip():
+        raise LedgerbatchError(f"say {what}")
+
+
 class ConfigError(LedgerbatchError):
     """Bad environment, connection settings or unreachable service."""
 

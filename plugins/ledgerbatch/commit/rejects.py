@@ -2,9 +2,11 @@
 
 The batch is published in a savepoint. Where the server refuses a row (a data exception or an integrity
 violation: SQLSTATE classes 22 and 23, or a trigger's RAISE, P0001), the staged rows are numbered in the
-mode's order and bisected: a run of rows is published in a savepoint of its own and kept if the server takes
-it, halved if not, down to single rows, which are the refused ones. k refused rows of n cost O(k log n)
-statements; a clean batch pays one savepoint. The probes are then rolled back, the refused rows moved from
+mode's order and probed: a run of rows is published in a savepoint of its own and kept if the server takes
+it. Where the refusal names a CHECK or NOT NULL, the rows that break it come from one scan with the server's
+own definition, each confirmed by a probe of its own (k probes for k rows); otherwise runs are halved down
+to single rows, which are the refused ones (O(k log n) probes). A clean batch pays one savepoint. The
+probes are then rolled back, the refused rows moved from
 staging to ledger.quarantine with the server's reason, and the rest published once, as a clean batch is
 (an append target may still take the staging table as a partition: it holds no refused row). Rows are
 judged together with the rows published before them, so a row the rest of the batch makes unacceptable
@@ -121,15 +123,25 @@ def _breaking(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Bat
         return []
     refused = []
     for (unit,) in conn.execute(text(query("breaking_units", breaks=breaks, **names))).all():
-        conn.execute(text(query("set_slice")), {"first": str(unit), "last": str(unit)})
-        try:
-            with conn.begin_nested():
-                mode.publish(conn, spec, batch, rows=names["slice"])
-        except DBAPIError as exc:
-            if not row_error(exc):
-                raise
-            refused.append(replace(_reason(exc), unit=unit))
+        refusal = _probe(conn, mode, spec, batch, names["slice"], unit, unit)
+        if refusal is not None:
+            refused.append(replace(refusal, unit=unit))
     return refused
+
+
+def _probe(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch, slice_view: str, first: int,
+           last: int) -> Refusal | None:
+    """Publish rows first..last through `slice_view` in a savepoint of their own, kept where the server takes
+    them; the server's refusal where it refuses a row. Any other error fails the batch."""
+    conn.execute(text(query("set_slice")), {"first": str(first), "last": str(last)})
+    try:
+        with conn.begin_nested():
+            mode.publish(conn, spec, batch, rows=slice_view)
+        return None
+    except DBAPIError as exc:
+        if not row_error(exc):
+            raise
+        return _reason(exc)
 
 
 def _quarantine(conn: Connection, spec: PipelineSpec, batch: Batch, names: dict, refused: list[Refusal],
@@ -166,17 +178,12 @@ def _bisect(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch
     pending = [(1, total)]
     while pending:
         first, last = pending.pop()
-        conn.execute(text(query("set_slice")), {"first": str(first), "last": str(last)})
-        try:
-            with conn.begin_nested():
-                mode.publish(conn, spec, batch, rows=slice_view)
+        refusal = _probe(conn, mode, spec, batch, slice_view, first, last)
+        if refusal is None:
             continue
-        except DBAPIError as exc:
-            if not row_error(exc):
-                raise
-            if first == last:
-                refused.append(replace(_reason(exc), unit=first))
-                continue
+        if first == last:
+            refused.append(replace(refusal, unit=first))
+            continue
         middle = (first + last) // 2
         pending += [(middle + 1, last), (first, middle)]  # the first half next: rows keep their order
     if not refused:

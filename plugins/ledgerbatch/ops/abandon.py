@@ -7,7 +7,7 @@ import logging
 
 from sqlalchemy.engine import Engine
 
-from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.errors import LedgerbatchError, require
 from ledgerbatch.ledger.batches import get_batch, mark_abandoned
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -17,8 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def abandon_batch(engine: Engine, spec: PipelineSpec, batch_id: int, by: str, reason: str | None) -> Batch:
-    if not by or not by.strip():
-        raise LedgerbatchError("say who abandons the batch (--by NAME)")
+    require(by, "who abandons the batch (--by NAME)")
     with engine.begin() as conn:
         batch = get_batch(conn, batch_id, for_update=True)  # a committer of it waits, or has finished
         if batch.pipeline != spec.name:

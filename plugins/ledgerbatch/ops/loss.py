@@ -13,7 +13,7 @@ import logging
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.commit.transaction import commit_batch
-from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.errors import LedgerbatchError, require
 from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_abandoned, open_live_batch_id
 from ledgerbatch.ledger.cursors import get_cursors, record_lost_range
 from ledgerbatch.model.batch import BatchStatus
@@ -31,8 +31,7 @@ def lost_ranges(cursors: dict, ends: dict) -> list[OffsetRange]:
 
 
 def acknowledge_loss(engine: Engine, spec: PipelineSpec, bootstrap_servers: str, by: str, reason: str | None) -> list[OffsetRange]:
-    if not by or not by.strip():
-        raise LedgerbatchError("say who acknowledges the loss (--by NAME)")
+    require(by, "who acknowledges the loss (--by NAME)")
     ends = kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
     _commit_staged(engine, spec)
     with engine.begin() as conn:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.errors import LedgerbatchError, require
 from ledgerbatch.ledger.batches import get_batch, lock_pipeline, open_live_batch_id
 from ledgerbatch.ledger.cursors import get_cursors, init_cursors
 from ledgerbatch.ledger.sql import run
@@ -43,9 +43,8 @@ class Target:
 def set_offsets(engine: Engine, spec: PipelineSpec, bootstrap_servers: str, target: Target, by: str, reason: str,
                 topic: str | None = None, partitions: list[int] | None = None, dry_run: bool = False) -> list[Move]:
     """Move the cursors of the chosen partitions (all of the spec's topics by default) to `target`."""
-    for what, value in (("who moves the offsets (--by NAME)", by), ("why (--reason TEXT)", reason)):
-        if not value or not value.strip():
-            raise LedgerbatchError(f"say {what}")
+    require(by, "who moves the offsets (--by NAME)")
+    require(reason, "why (--reason TEXT)")
     if topic is not None and topic not in spec.topics:
         raise LedgerbatchError(f"topic {topic!r} is not one of {spec.name}'s ({', '.join(spec.topics)})")
     ends = kafka.watermarks(bootstrap_servers, (topic,) if topic else spec.topics, dict(spec.kafka_options))

@@ -9,7 +9,7 @@ import logging
 
 from sqlalchemy.engine import Engine
 
-from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.errors import LedgerbatchError, require
 from ledgerbatch.ledger.batches import lock_pipeline
 from ledgerbatch.ledger.pauses import Pause, current_pause, end_pause, insert_pause
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -18,8 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def pause_pipeline(engine: Engine, spec: PipelineSpec, by: str, reason: str) -> None:
-    _say("who pauses the pipeline (--by NAME)", by)
-    _say("why (--reason TEXT)", reason)
+    require(by, "who pauses the pipeline (--by NAME)")
+    require(reason, "why (--reason TEXT)")
     with engine.begin() as conn:
         lock_pipeline(conn, spec.name)  # after a planner that is planning now, before the next
         pause = current_pause(conn, spec.name)
@@ -30,7 +30,7 @@ def pause_pipeline(engine: Engine, spec: PipelineSpec, by: str, reason: str) -> 
 
 
 def resume_pipeline(engine: Engine, spec: PipelineSpec, by: str) -> Pause:
-    _say("who resumes the pipeline (--by NAME)", by)
+    require(by, "who resumes the pipeline (--by NAME)")
     with engine.begin() as conn:
         lock_pipeline(conn, spec.name)
         pause = end_pause(conn, spec.name, by.strip())
@@ -44,7 +44,3 @@ def pause_of(engine: Engine, spec: PipelineSpec) -> Pause | None:
     with engine.connect() as conn:
         return current_pause(conn, spec.name)
 
-
-def _say(what: str, value: str | None) -> None:
-    if not value or not value.strip():
-        raise LedgerbatchError(f"say {what}")

@@ -1,6 +1,7 @@
 """`mode: upsert`: one row per key; within a batch the highest offset wins, across batches the later
-batch (with `target.version` the newest version wins instead: versioned.py). A replay replaces only rows whose value came from its ranges: newer values are kept; a row from its
-ranges of a key it gives no row any more (the record is now bad or filtered) is removed.
+batch (with `target.version` the newest version wins instead: versioned.py). A replay replaces only rows
+whose value came from its ranges: newer values are kept; a row from its ranges of a key it gives no row any
+more (the record is now bad or filtered) is removed.
 
 Change pipelines (`format: debezium`, `target.deletes: true`) stage changes: a key's last change in the
 batch upserts or deletes its row. The last delete of each deleted key is kept in
@@ -23,6 +24,10 @@ from ledgerbatch.sqlfiles import Fragment, query
 from ledgerbatch.stage.tables import column_names
 
 
+# What a change pipeline's winning changes (lb_last_changes) do, in order (sql/queries/mode_upsert.sql).
+APPLY_CHANGES = ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes")
+
+
 class Upsert(TargetMode):
     rows_match_records = False  # several records of one key make one row
 
@@ -42,7 +47,7 @@ class Upsert(TargetMode):
         if spec.changes:
             return self._publish_changes(conn, spec, batch, set_list(spec), rows)
         if batch.kind != BatchKind.LIVE:
-            conn.execute(text(query("replay_drop_stale", staging=batch.staging_table, match_t=_match("t", spec.key),
+            conn.execute(text(query("replay_drop_stale", staging=batch.staging_table, match_t=match_key("t", spec.key),
                                     **target_names(spec))), range_arrays(batch.ranges))
         sql = query("insert_upsert" if batch.kind == BatchKind.LIVE else "replay_upsert", key=list(spec.key),
                     set_list=set_list(spec), staging=rows or batch.staging_table, columns=column_names(spec),
@@ -61,7 +66,7 @@ class Upsert(TargetMode):
         if not spec.changes:
             return conn.execute(text(query("upsert_replay_diff", key=list(spec.key), staging=batch.staging_table,
                                            columns_c=prefixed("c", columns), columns_t=prefixed("t", columns),
-                                           match_t=_match("t", spec.key), **target_names(spec))),
+                                           match_t=match_key("t", spec.key), **target_names(spec))),
                                 range_arrays(batch.ranges)).one()
         names = self._change_names(spec, batch, Fragment(""))
         conn.execute(text(query("last_changes", **names)), {"live": False, **range_arrays(batch.ranges)})
@@ -87,14 +92,14 @@ class Upsert(TargetMode):
             conn.execute(text(query("replay_drop_stale_changes", **names)), range_arrays(batch.ranges))
         conn.execute(text(query("last_changes", **(names | {"staging": rows or batch.staging_table}))),
                      {"live": batch.kind == BatchKind.LIVE, **range_arrays(batch.ranges)})
-        for step in ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes", "drop_last_changes"):
+        for step in (*APPLY_CHANGES, "drop_last_changes"):
             conn.execute(text(query(step, **names)))
 
     @staticmethod
     def _change_names(spec: PipelineSpec, batch: Batch, set_list: Fragment) -> dict:
         kept = list(spec.key) + ([spec.version_by] if spec.version_by else [])  # what a delete keeps
         return dict(key=list(spec.key), columns=column_names(spec), staging=batch.staging_table,
-                    deletes=deletes_table(spec), match_t=_match("t", spec.key), match_d=_match("d", spec.key),
+                    deletes=deletes_table(spec), match_t=match_key("t", spec.key), match_d=match_key("d", spec.key),
                     set_list=set_list, kept=kept, kept_excluded=prefixed("EXCLUDED", kept), **target_names(spec))
 
 
@@ -109,7 +114,7 @@ def deletes_table(spec: PipelineSpec) -> str:
     return spec.name
 
 
-def _match(alias: str, key) -> Fragment:
+def match_key(alias: str, key) -> Fragment:
     """The key of `alias` equals the key of the last change `c`."""
     return Fragment(" AND ".join(f"{alias}.{quote_ident(k)} = c.{quote_ident(k)}" for k in key))
 

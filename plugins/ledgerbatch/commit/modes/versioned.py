@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ledgerbatch.commit.modes.base import prefixed
-from ledgerbatch.commit.modes.upsert import Upsert, set_list
+from ledgerbatch.commit.modes.upsert import APPLY_CHANGES, Upsert, set_list
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import record_set_aside
 from ledgerbatch.model.batch import Batch, BatchKind
@@ -22,9 +22,6 @@ from ledgerbatch.model.ranges import range_arrays
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
 from ledgerbatch.stage.tables import column_names
-
-APPLY = ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes")  # mode_upsert.sql
-
 
 class VersionedUpsert(Upsert):
     def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> None:
@@ -34,7 +31,7 @@ class VersionedUpsert(Upsert):
                          range_arrays(batch.ranges))
         conn.execute(text(query("newest_changes" if spec.changes else "newest_rows",
                                 **(names | {"staging": rows or batch.staging_table}))))
-        for step in APPLY if spec.changes else ("apply_upserts",):
+        for step in APPLY_CHANGES if spec.changes else ("apply_upserts",):
             conn.execute(text(query(step, **names)))
         if rows is None:  # the batch's publish, not a probe of some of its rows (commit/rejects.py)
             by_range = conn.execute(text(query("superseded_by_range", **names))).all()
