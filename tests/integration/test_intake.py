@@ -32,6 +32,26 @@ def test_a_partition_cap_bounds_every_range(engine, db_url, broker, make_pipelin
     assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
 
 
+def test_a_byte_cap_ends_each_range_at_the_budget_and_a_large_record_still_moves(engine, db_url, broker,
+                                                                                make_pipeline):
+    p = make_pipeline(partitions=2, batch={"max_records": 1000, "max_bytes": "1KiB"})
+    small = [(0, order_value(i)) for i in range(40)]
+    large = [(1, b"{" + b" " * 3000 + order_value(i)[1:]) for i in range(40, 43)]  # each over the budget alone
+    acked = produce(broker.bootstrap_servers, p.topic, small + large)
+    done = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "batch.max_bytes 1024 reached" in done.stderr
+    cuts, total = [0], 0  # where partition 0's ranges must end: before the record passing 1024 bytes
+    for offset, (_, value) in enumerate(small):
+        if total and total + len(value) > 1024:
+            cuts.append(offset)
+            total = 0
+        total += len(value)
+    expected = sorted([(0, a, b) for a, b in zip(cuts, cuts[1:] + [40])] + [(1, i, i + 1) for i in range(3)])
+    assert len(cuts) > 2 and sorted(r[1:] for r in _ranges(engine, p)) == expected
+    assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
+
+
 def test_min_records_holds_a_trickle_until_max_delay(engine, db_url, broker, make_pipeline):
     p = make_pipeline(partitions=1, batch={"max_records": 1000, "min_records": 50, "max_delay": "4s"})
 

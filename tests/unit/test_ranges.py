@@ -1,7 +1,8 @@
 import pytest
 
 from ledgerbatch.errors import DataLossError, LedgerbatchError
-from ledgerbatch.model.ranges import OffsetRange, Watermarks, plan_ranges, split_budget, start_offsets, too_early
+from ledgerbatch.model.ranges import (OffsetRange, Watermarks, cut_at_bytes, plan_ranges, split_budget, start_offsets,
+                                     too_early)
 
 
 def test_split_budget_serves_small_lags_whole_and_splits_the_rest_evenly():
@@ -64,6 +65,17 @@ def test_a_partition_cap_bounds_each_range_and_the_rest_is_shared():
         OffsetRange("t", 0, 0, 100), OffsetRange("t", 1, 0, 30)]
     assert plan_ranges(ends, {("t", 0): 0, ("t", 1): 0}, 50, per_partition=100) == [
         OffsetRange("t", 0, 0, 25), OffsetRange("t", 1, 0, 25)]
+
+
+def test_a_byte_budget_cuts_a_range_before_the_record_that_passes_it():
+    rng = OffsetRange("t", 0, 10, 20)
+    # offsets with a gap (13: a transaction marker), sizes in two chunks
+    chunks = [([10, 11, 12], [40, 30, 20]), ([14, 15], [10, 1])]
+    assert cut_at_bytes(rng, iter(chunks), 90) == OffsetRange("t", 0, 10, 14)
+    assert cut_at_bytes(rng, iter(chunks), 100) == OffsetRange("t", 0, 10, 15)
+    assert cut_at_bytes(rng, iter(chunks), 101) == rng  # every record fits: the range stays whole
+    assert cut_at_bytes(rng, iter(chunks), 5) == OffsetRange("t", 0, 10, 11)  # one large record still moves
+    assert cut_at_bytes(rng, iter([]), 5) == rng
 
 
 def test_too_early_waits_for_min_records_until_max_delay():

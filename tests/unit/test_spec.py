@@ -55,6 +55,8 @@ def test_design_minimal_spec_is_accepted():
     ({"errors__policy": "ignore"}, "must be one of quarantine, fail"),
     ({"errors__min_bad": -1}, "errors.min_bad must be a whole number of records, 0 or more, got -1"),
     ({"batch__max_records_per_partition": 0}, "batch.max_records_per_partition must be a positive integer, got 0"),
+    ({"batch__max_bytes": 0}, "batch.max_bytes must be a positive number of bytes or a size such as 512KiB"),
+    ({"batch__max_bytes": "64 megabytes"}, "batch.max_bytes must be a positive number of bytes or a size such as"),
     ({"batch__min_records": 200000}, "batch.min_records must be a positive integer up to batch.max_records (100000)"),
     ({"batch__min_records": 1000}, "batch.min_records needs batch.max_delay (e.g. 5m)"),
     ({"batch__min_records": 1000, "batch__max_delay": "5 minutes"}, "batch.max_delay must be seconds or a duration "
@@ -201,5 +203,8 @@ def test_intake_limits_and_start_times():
     assert (s.max_records_per_partition, s.min_records, s.max_delay_s) == (1000, 500, 300.0)
     assert (s.start, s.start_time) == ("time", "2026-11-01T00:00:00Z")
     assert parse_spec(spec_with(batch={"max_records": 10, "min_records": 5, "max_delay": 90})).max_delay_s == 90.0
+    sizes = [parse_spec(spec_with(batch={"max_bytes": b})).max_bytes for b in (4096, "64MiB", "2 kB", "1GB")]
+    assert sizes == [4096, 64 * 1024 ** 2, 2000, 10 ** 9]
     plain = parse_spec(MINIMAL)
-    assert (plain.max_records_per_partition, plain.min_records, plain.start_time) == (None, 1, None)
+    assert (plain.max_records_per_partition, plain.max_bytes, plain.min_records, plain.start_time) == (None, None, 1,
+                                                                                                      None)

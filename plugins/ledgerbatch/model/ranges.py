@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from ledgerbatch.errors import DataLossError, LedgerbatchError
 
@@ -97,6 +98,19 @@ def plan_ranges(partitions: dict[TopicPartition, Watermarks], cursors: dict[Topi
     lags = {tp: min(partitions[tp].high - pos, per_partition or max_records) for tp, pos in cursors.items()}
     alloc = split_budget(lags, max_records)
     return sorted(OffsetRange(tp[0], tp[1], cursors[tp], cursors[tp] + n) for tp, n in alloc.items())
+
+
+def cut_at_bytes(rng: OffsetRange, chunks: Iterable[tuple[list[int], list[int]]], max_bytes: int) -> OffsetRange:
+    """`rng` stopped before the first record whose value would take the range past `max_bytes`; `chunks`
+    are the range's (offsets, value sizes) in order. The first record is always kept, so one record larger
+    than the budget still moves instead of wedging the partition."""
+    total = 0
+    for offsets, sizes in chunks:
+        for offset, size in zip(offsets, sizes):
+            if total and total + size > max_bytes:
+                return OffsetRange(rng.topic, rng.partition, rng.from_offset, offset)
+            total += size
+    return rng
 
 
 def range_arrays(ranges: tuple[OffsetRange, ...] | list[OffsetRange]) -> dict[str, list]:

@@ -27,6 +27,7 @@ from ledgerbatch.model.batch import Batch, BatchKind, BatchStatus
 from ledgerbatch.model.ranges import TopicPartition, Watermarks, plan_ranges, start_offsets, too_early
 from ledgerbatch.model.times import epoch_ms
 from ledgerbatch.source import kafka
+from ledgerbatch.source.sizes import cap_bytes
 from ledgerbatch.spec.pipeline import PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
     if spec.min_records > 1 and filling(spec, bootstrap_servers, ends,
                                         start_offsets(ends, cursors, spec.start if not cursors else "earliest", at)):
         return None
-    return plan_from(engine, spec, ends, at)
+    return plan_from(engine, spec, ends, at, bootstrap_servers)
 
 
 def filling(spec: PipelineSpec, bootstrap_servers: str, ends: dict[TopicPartition, Watermarks],
@@ -72,8 +73,9 @@ def filling(spec: PipelineSpec, bootstrap_servers: str, ends: dict[TopicPartitio
 
 
 def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Watermarks],
-              at: dict[TopicPartition, int] | None = None) -> Batch | None:
-    """Plan under the pipeline lock; `at`: where a pipeline that starts at a time starts (plan_next)."""
+              at: dict[TopicPartition, int] | None = None, bootstrap_servers: str | None = None) -> Batch | None:
+    """Plan under the pipeline lock; `at`: where a pipeline that starts at a time starts (plan_next);
+    `bootstrap_servers`: where batch.max_bytes measures the values of the planned ranges."""
     with engine.begin() as conn:
         lock_pipeline(conn, spec.name)
         record_end_offsets(conn, spec.name, ends)
@@ -91,6 +93,9 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         # A new pipeline starts where the spec says; partitions added later start at their log start.
         starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest", at if not cursors else None)
         ranges = plan_ranges(ends, starts, spec.max_records, spec.max_records_per_partition)
+        if spec.max_bytes and ranges:
+            conf = kafka.consumer_config(bootstrap_servers, dict(spec.kafka_options))
+            ranges = cap_bytes(ranges, spec.max_bytes, conf)
         init_cursors(conn, spec.name, {tp: o for tp, o in starts.items() if tp not in cursors})
         if not ranges:
             return None

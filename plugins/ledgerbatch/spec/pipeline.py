@@ -22,7 +22,7 @@ _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedu
 _SECTION_KEYS = {
     "source": {"topics", "format", "converter", "schema", "start", "kafka", "metadata", "schema_registry"},
     "target": {"table", "mode", "key", "evolve", "measures", "deletes", "version"},
-    "batch": {"max_records", "max_records_per_partition", "min_records", "max_delay"},
+    "batch": {"max_records", "max_records_per_partition", "max_bytes", "min_records", "max_delay"},
     "errors": {"policy", "max_ratio", "min_bad", "on_reject"},
 }
 CONVERTERS = ("json", "avro")  # format debezium: Kafka Connect's JsonConverter (default) or Confluent's AvroConverter
@@ -47,6 +47,7 @@ class PipelineSpec:
     start_time: str | None = None  # ISO-8601: where `start: {time: ...}` starts
     max_records: int = 100_000
     max_records_per_partition: int | None = None  # at most this many offsets of one partition per batch
+    max_bytes: int | None = None  # at most this many bytes of values from one partition per batch
     min_records: int = 1  # wait for this many pending offsets, unless the oldest is max_delay_s old
     max_delay_s: float = 0.0
     error_policy: str = "quarantine"
@@ -232,6 +233,7 @@ def parse_spec(doc: object) -> PipelineSpec:
     if per_partition is not None and (isinstance(per_partition, bool) or not isinstance(per_partition, int)
                                       or per_partition < 1):
         raise SpecError(f"batch.max_records_per_partition must be a positive integer, got {per_partition!r}")
+    max_bytes = None if batch.get("max_bytes") is None else _bytes(batch["max_bytes"], "batch.max_bytes")
     min_records = batch.get("min_records", 1)
     if isinstance(min_records, bool) or not isinstance(min_records, int) or not 1 <= min_records <= max_records:
         raise SpecError(f"batch.min_records must be a positive integer up to batch.max_records ({max_records}), "
@@ -266,6 +268,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         start_time=start_time,
         max_records=max_records,
         max_records_per_partition=per_partition,
+        max_bytes=max_bytes,
         min_records=min_records,
         max_delay_s=max_delay_s,
         error_policy=policy,
@@ -325,6 +328,17 @@ def _seconds(value: object, what: str) -> float:
     if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?[smh]", value.strip()):
         return float(value.strip()[:-1]) * units[value.strip()[-1]]
     raise SpecError(f"{what} must be seconds or a duration such as 90s, 5m or 1h, got {value!r}")
+
+
+def _bytes(value: object, what: str) -> int:
+    """A size: bytes as a positive integer, or a string such as 512KiB, 64MiB, 1GiB (or kB, MB, GB)."""
+    units = {"": 1, "kB": 1000, "KiB": 1024, "MB": 1000 ** 2, "MiB": 1024 ** 2, "GB": 1000 ** 3, "GiB": 1024 ** 3}
+    found = re.fullmatch(r"(\d+)\s*([A-Za-z]*)", value.strip()) if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if found and found.group(2) in units and int(found.group(1)) > 0:
+        return int(found.group(1)) * units[found.group(2)]
+    raise SpecError(f"{what} must be a positive number of bytes or a size such as 512KiB, 64MiB or 1GB, got {value!r}")
 
 
 def _start(value: object) -> tuple[str, str | None]:

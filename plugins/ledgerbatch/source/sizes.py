@@ -1,0 +1,27 @@
+"""batch.max_bytes at planning: each planned range read once from Kafka to find where its values reach
+the byte budget, so the recorded range is already the capped one (a resumed batch keeps it)."""
+from __future__ import annotations
+
+import logging
+
+from ledgerbatch.model.ranges import OffsetRange, cut_at_bytes
+from ledgerbatch.source.reader import read_messages
+
+log = logging.getLogger(__name__)
+STALL_S = 60.0
+
+
+def cap_bytes(ranges: list[OffsetRange], max_bytes: int, kafka_conf: dict) -> list[OffsetRange]:
+    """Each range cut where its values would pass `max_bytes` (null values count 0 bytes)."""
+    out = []
+    for rng in ranges:
+        messages = read_messages(rng, kafka_conf, STALL_S)
+        try:
+            capped = cut_at_bytes(rng, ((r.offsets, [len(v) if v is not None else 0 for v in r.values])
+                                        for r in messages), max_bytes)
+        finally:
+            messages.close()  # stops the read, and closes its consumer, once the budget is reached
+        if capped != rng:
+            log.info("%s: batch.max_bytes %d reached, range ends at %d", rng, max_bytes, capped.until_offset)
+        out.append(capped)
+    return out
