@@ -101,3 +101,39 @@ WITH r AS (
 SELECT problem, count(*) AS records,
        (array_agg(topic || '[' || partition || '] offset ' || "offset" ORDER BY topic, partition, "offset"))[1:10] AS examples
 FROM found GROUP BY problem ORDER BY problem;
+
+-- name: standing_batches
+-- Aggregate: the committed batches whose contributions stand (no later committed batch delivered any of
+-- their offsets again), all, since a batch, or a sample (as delivered_ranges), with their ranges.
+WITH superseded AS (
+    SELECT DISTINCT r.batch_id
+    FROM ledger.batch_ranges r JOIN ledger.batch_ranges o
+      ON o.pipeline = r.pipeline AND o.topic = r.topic AND o.partition = r.partition AND o.committed
+     AND o.batch_id > r.batch_id AND o.from_offset < r.until_offset AND r.from_offset < o.until_offset
+    WHERE r.pipeline = :pipeline AND r.committed
+)
+SELECT r.batch_id, r.topic, r.partition, r.from_offset, r.until_offset
+FROM ledger.batch_ranges r JOIN ledger.batches b USING (batch_id)
+WHERE b.pipeline = :pipeline AND b.status = 'committed' AND b.batch_id >= :since
+  AND (abs(hashtext(b.batch_id::text)) % 1000000) < :sample * 1000000
+  AND r.until_offset > r.from_offset AND r.batch_id NOT IN (SELECT batch_id FROM superseded)
+ORDER BY r.topic, r.partition, r.from_offset;
+
+-- name: deep_aggregate
+-- Aggregate: the groups the standing batches' records make, read again from Kafka (the staging table),
+-- against those batches' contributions, both merged by key ({measures_agg}).
+WITH kafka AS (
+    SELECT {key}, {measures_agg}, true AS _present FROM ledger_staging.{staging} c GROUP BY {key}
+), contributed AS (
+    SELECT {key}, {measures_agg}, true AS _present FROM ledger_aggregates.{contributions} c
+    WHERE c._batch_id = ANY(CAST(:batches AS bigint[])) GROUP BY {key}
+), found AS (
+    SELECT CASE WHEN c._present IS NULL THEN 'groups of Kafka''s records missing from the contributions'
+                WHEN r._present IS NULL THEN 'contributed groups that no record in Kafka makes'
+                WHEN {differs} THEN 'contributed groups that differ from Kafka''s records'
+           END AS problem,
+           CAST(ROW({key}) AS text) AS example
+    FROM contributed c FULL JOIN kafka r USING ({key})
+)
+SELECT problem, count(*) AS records, (array_agg('group ' || example ORDER BY example))[1:10] AS examples
+FROM found WHERE problem IS NOT NULL GROUP BY problem ORDER BY problem;

@@ -5,7 +5,9 @@ pipeline's own process step into a staging table, as a replay's would be, and ne
 batch is abandoned once compared. SQL then checks that every good record is in the target with its values
 (append: by coordinates; upsert: the row at its coordinates, a row for its key, no older version), every
 bad record in ledger.quarantine with the same raw bytes, and nothing of the ranges in the target or the
-quarantine that Kafka does not hold. Offsets Kafka no longer holds are reported as not checkable, never as
+quarantine that Kafka does not hold. Aggregate: the standing batches (those no later replay superseded)
+are read again whole, and the groups their records make must be their contributions, merged by key
+(`verify` checks the target against the contributions). Offsets Kafka no longer holds are reported as not checkable, never as
 passed. Spark streams the ranges, so memory does not grow with them.
 """
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from ledgerbatch.commit.modes.aggregate import contributions_table, measures_merged, measures_differ
 from ledgerbatch.commit.modes.base import prefixed, target_names
-from ledgerbatch.commit.modes.upsert import deletes_table
+from ledgerbatch.commit.modes.upsert import deletes_table, match_key
 from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import get_batch, mark_abandoned
@@ -32,6 +35,7 @@ from ledgerbatch.stage.tables import bad_name, column_names, drop_finished_stagi
 from ledgerbatch.stage.transform import spec_for_batch
 
 log = logging.getLogger(__name__)
+_COMPARE = {"append": "deep_append", "upsert": "deep_upsert", "aggregate": "deep_aggregate"}
 
 
 @dataclass
@@ -44,23 +48,18 @@ class DeepReport:
 
 def deep_verify(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str, spark_factory,
                 since: int = 0, sample: float = 1.0) -> DeepReport:
-    if spec.mode == "aggregate":
-        raise LedgerbatchError(f"{spec.name}: verify --deep does not check aggregate targets yet; `verify` checks "
-                               f"each group against its contributions")
     if not 0 < sample <= 1:
         raise LedgerbatchError(f"--sample must be a fraction above 0 and at most 1, got {sample}")
+    params = {"pipeline": spec.name, "since": since, "sample": sample}
     with engine.connect() as conn:
-        delivered = [OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset) for r in run(
-            conn, "delivered_ranges", {"pipeline": spec.name, "since": since, "sample": sample})]
-    report = DeepReport()
-    ends = kafka.watermarks(bootstrap_servers, tuple(sorted({r.topic for r in delivered})) or spec.topics,
-                            dict(spec.kafka_options))
-    for r in merged(delivered):
-        low = ends[r.topic_partition].low if r.topic_partition in ends else r.until_offset
-        if r.from_offset < low:
-            report.not_checkable.append(OffsetRange(r.topic, r.partition, r.from_offset, min(low, r.until_offset)))
-        if low < r.until_offset:
-            report.ranges.append(OffsetRange(r.topic, r.partition, max(low, r.from_offset), r.until_offset))
+        if spec.mode == "aggregate":  # whole standing batches: a contribution is a batch's groups
+            chosen = [(r.batch_id, OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset))
+                      for r in run(conn, "standing_batches", params)]
+        else:
+            chosen = [(None, OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset))
+                      for r in run(conn, "delivered_ranges", params)]
+    topics = tuple(sorted({r.topic for _, r in chosen})) or spec.topics
+    report, batches = _checkable(chosen, kafka.watermarks(bootstrap_servers, topics, dict(spec.kafka_options)))
     report.records = sum(r.span for r in report.ranges)
     if not report.ranges:
         return report
@@ -72,13 +71,35 @@ def deep_verify(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serve
         batch = get_batch(conn, batch.batch_id, for_update=True)
         checked = spec_for_batch(spec, batch.output_schema)
         names = _names(checked, batch.staging_table)
-        params = {"pipeline": spec.name, **range_arrays(report.ranges)}
-        for name in ("deep_append" if spec.mode == "append" else "deep_upsert", "deep_quarantine"):
+        params = {"pipeline": spec.name, "batches": batches, **range_arrays(report.ranges)}
+        for name in (_COMPARE[spec.mode], "deep_quarantine"):
             for row in conn.execute(text(query(name, **names)), params):
                 report.problems.append(f"{row.problem}: {row.records}, e.g. {', '.join(row.examples)}")
         mark_abandoned(conn, batch.batch_id, f"verify --deep: {len(report.problems)} kinds of problem")
     drop_finished_staging(engine, spec.name)
     return report
+
+
+def _checkable(chosen: list[tuple[int | None, OffsetRange]], ends) -> tuple[DeepReport, list[int]]:
+    """The chosen ranges split at each partition's log start into what Kafka still holds and what it does
+    not. Ranges of a batch (aggregate) go together: a batch Kafka no longer holds whole is not checkable."""
+    report, gone = DeepReport(), set()
+    for batch_id, r in chosen:
+        low = ends[r.topic_partition].low if r.topic_partition in ends else r.until_offset
+        if r.from_offset < low:
+            gone.add(batch_id)
+    for batch_id, r in chosen:
+        low = ends[r.topic_partition].low if r.topic_partition in ends else r.until_offset
+        if batch_id is not None and batch_id in gone:
+            report.not_checkable.append(r)
+            continue
+        if r.from_offset < low:
+            report.not_checkable.append(OffsetRange(r.topic, r.partition, r.from_offset, min(low, r.until_offset)))
+        if low < r.until_offset:
+            report.ranges.append(OffsetRange(r.topic, r.partition, max(low, r.from_offset), r.until_offset))
+    report.ranges = merged(sorted(report.ranges))
+    report.not_checkable = merged(sorted(report.not_checkable))
+    return report, sorted({b for b, _ in chosen if b is not None} - gone)
 
 
 def merged(ranges: list[OffsetRange]) -> list[OffsetRange]:
@@ -99,14 +120,16 @@ def _names(spec: PipelineSpec, staging: str) -> dict:
     version = quote_ident(spec.version_by) if spec.version_by else None
     deleted = "false"
     if spec.changes:
-        deleted = f"EXISTS (SELECT 1 FROM ledger_deletes.{quote_ident(deletes_table(spec))} d WHERE " + " AND ".join(
-            f"d.{quote_ident(k)} = c.{quote_ident(k)}" for k in key)
+        deletes = quote_ident(deletes_table(spec))
+        deleted = f"EXISTS (SELECT 1 FROM ledger_deletes.{deletes} d WHERE {match_key('d', key)}"
         deleted += (f" AND ROW(d.{version}, d._offset, d._partition, d._topic) >= ROW(c.{version}, c._offset, "
                     f"c._partition, c._topic))" if version else ")")
+    aggregates = dict(key=key, contributions=contributions_table(spec), measures_agg=measures_merged(spec),
+                      differs=measures_differ(spec)) if spec.mode == "aggregate" else {}
     return dict(staging=staging, bad=bad_name(staging), columns_t=prefixed("t", columns),
                 columns_s=prefixed("s", columns), key_c=prefixed("c", key),
-                match_t=Fragment(" AND ".join(f"t.{quote_ident(k)} = c.{quote_ident(k)}" for k in key)),
+                match_t=match_key("t", key),
                 upserts=Fragment("s._change = 'u'" if spec.changes else "true"), deleted=Fragment(deleted),
                 newer=Fragment(f"t.{version} IS NOT NULL AND ROW(c.{version}, c._offset, c._partition, c._topic) > "
                                f"ROW(t.{version}, t._offset, t._partition, t._topic)" if version else "false"),
-                **target_names(spec))
+                **aggregates, **target_names(spec))

@@ -62,16 +62,16 @@ class Aggregate(TargetMode):
         conn.execute(text(query("delete_contributions", **names)), superseded)
         # The new contribution is in, the superseded ones are out: recompute what either touched.
         conn.execute(text(query("recompute_groups", key_t=prefixed("t", spec.key), key_a=prefixed("a", spec.key),
-                                measures_agg=_aggregates(spec), **names)))
+                                measures_agg=measures_merged(spec), **names)))
 
     def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
         superseded = {"superseded": self.superseded(conn, spec, batch)}
-        return conn.execute(text(query("aggregate_diff", measures_agg=_aggregates(spec), differs=_differs(spec),
+        return conn.execute(text(query("aggregate_diff", measures_agg=measures_merged(spec), differs=measures_differ(spec),
                                        **self._names(spec, batch))), superseded).one()
 
     def violations(self, conn: Connection, spec: PipelineSpec) -> list[str]:
         return aggregate_violations(conn, spec.name, target_names(spec), contributions_table(spec),
-                                           list(spec.key), _aggregates(spec), _differs(spec))
+                                           list(spec.key), measures_merged(spec), measures_differ(spec))
 
     @staticmethod
     def superseded(conn: Connection, spec: PipelineSpec, batch: Batch) -> list[int]:
@@ -91,11 +91,11 @@ class Aggregate(TargetMode):
                     staging=batch.staging_table, contributions=contributions_table(spec), **target_names(spec))
 
 
-def _aggregates(spec: PipelineSpec) -> Fragment:
+def measures_merged(spec: PipelineSpec) -> Fragment:
     """Each measure merged over contributions `c`, named as the measure."""
     return Fragment(", ".join(f"{how}(c.{quote_ident(m)}) AS {quote_ident(m)}" for m, how in spec.measures))
 
 
-def _differs(spec: PipelineSpec) -> Fragment:
+def measures_differ(spec: PipelineSpec) -> Fragment:
     """Whether a group `c` of the target differs from `r`, its contributions merged."""
     return Fragment(" OR ".join(f"c.{quote_ident(m)} IS DISTINCT FROM r.{quote_ident(m)}" for m, _ in spec.measures))
