@@ -26,6 +26,17 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# Prometheus for the metrics test (tests/integration/test_metrics.py scrapes `run --metrics-port` with it):
+# Debian's package, installed only as root with apt and only when it is missing.
+if ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing Prometheus (the metrics test)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    say "Prometheus is missing: tests/integration/test_metrics.py will fail (install it, e.g. apt-get install prometheus)"
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   say "Python 3.11+ is required (found $("$PYTHON" --version 2>&1))"; exit 1

@@ -71,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="never stop at caught up: keep Spark warm and plan again every --idle-seconds until SIGTERM")
     run.add_argument("--idle-seconds", type=_positive_float, default=1.0, metavar="S",
                      help="with --follow: how long to wait before planning again when caught up (default 1)")
+    run.add_argument("--metrics-port", type=_positive, metavar="N",
+                     help="serve the metrics for Prometheus on http://HOST:N/metrics while it runs (docs/observability.md)")
+    run.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                     help="the address --metrics-port listens on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    serve = sub.add_parser("metrics-serve", help="serve every pipeline's lag in offsets and seconds for Prometheus")
+    serve.add_argument("--port", type=_positive, default=9464, metavar="N", help="default 9464")
+    serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; 0.0.0.0 for every interface")
+    serve.add_argument("--interval", type=_positive_float, default=15.0, metavar="S",
+                       help="measure the lag every S seconds (default 15)")
     replay = sub.add_parser("replay", help="re-deliver an explicit range (what the backfill DAG does, without Airflow)")
     replay.add_argument("pipeline")
     replay.add_argument("--topic", help="default: the pipeline's only topic")
@@ -232,6 +241,10 @@ def cmd_run(args, settings: Settings) -> None:
     stop = threading.Event()
     if args.follow:  # SIGTERM finishes the batch in hand, then stops: nothing to resume
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if args.metrics_port:
+        from ledgerbatch.ops.metrics import serve_prometheus
+
+        serve_prometheus(args.metrics_port, args.metrics_host)
     summary = run_pipeline(engine, spec, settings.db_url, bootstrap, spark_factory,
                            max_batches=args.max_batches, follow_idle_s=args.idle_seconds if args.follow else None,
                            stop=stop)
@@ -243,18 +256,23 @@ def cmd_run(args, settings: Settings) -> None:
           f"({rate:,.0f} records/s)")
 
 
+def _all_specs(settings: Settings) -> list:
+    from ledgerbatch.spec.pipeline import list_specs, with_kafka_options
+
+    return [with_kafka_options(s, settings.kafka_options) for s in list_specs(settings.pipelines_dir)]
+
+
 def cmd_status(args, settings: Settings) -> None:
     import json
 
     from ledgerbatch.ledger.batches import known_pipelines
     from ledgerbatch.ops.status import pipeline_status, render
-    from ledgerbatch.spec.pipeline import list_specs, with_kafka_options
 
     engine = _engine(settings)
     if args.pipeline:
         specs = [_spec(settings, args.pipeline)]
     else:
-        specs = [with_kafka_options(s, settings.kafka_options) for s in list_specs(settings.pipelines_dir)]
+        specs = _all_specs(settings)
         with engine.connect() as conn:
             known = known_pipelines(conn)
         missing = sorted(set(known) - {s.name for s in specs})
@@ -264,6 +282,15 @@ def cmd_status(args, settings: Settings) -> None:
     statuses = [pipeline_status(engine, spec.name, spec.topics, settings.bootstrap_servers, dict(spec.kafka_options))
                 for spec in specs]
     print(json.dumps(statuses, indent=2) if args.json else "\n\n".join(render(s) for s in statuses))
+
+
+def cmd_metrics_serve(args, settings: Settings) -> None:
+    from ledgerbatch.ops.metrics import serve_lag
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    serve_lag(_engine(settings), _all_specs(settings), settings.require_bootstrap(), args.port, args.host,
+              args.interval, stop)
 
 
 def cmd_replay(args, settings: Settings) -> None:
@@ -408,7 +435,7 @@ def cmd_demo(args, settings: Settings) -> None:
 
 COMMANDS = {"migrate": cmd_migrate, "run": cmd_run, "replay": cmd_replay, "status": cmd_status, "verify": cmd_verify,
             "acknowledge-loss": cmd_acknowledge_loss, "abandon": cmd_abandon, "offsets": cmd_offsets, "pause": cmd_pause,
-            "resume": cmd_resume,
+            "resume": cmd_resume, "metrics-serve": cmd_metrics_serve,
             "dev-broker": cmd_dev_broker, "dev-kafka": cmd_dev_kafka,
             "dev-registry": cmd_dev_registry,
             "spark-server": cmd_spark_server, "demo": cmd_demo}

@@ -1,14 +1,14 @@
-"""Operations: phase event lines and StatsD metrics from `run`, end offsets recorded at plan time, the
+"""Operations: phase event lines and OpenTelemetry metrics (over OTLP) from `run`, end offsets recorded at plan time, the
 inspection views, and `status` as a table and as JSON."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 from sqlalchemy import text
 
 from .helpers import cli, end_offsets, order_value, produce
+from .otlp import OtlpReceiver
 
 pytestmark = pytest.mark.integration
 
@@ -20,15 +20,15 @@ def phase_events(stderr: str) -> list[dict]:
     return [json.loads(line.split(" phase ", 1)[1]) for line in stderr.splitlines() if " INFO phase {" in line]
 
 
-def test_run_logs_phases_sends_metrics_and_feeds_views_and_status(engine, db_url, broker, make_pipeline):
+def test_run_logs_phases_exports_metrics_and_feeds_views_and_status(engine, db_url, broker, make_pipeline):
     p = make_pipeline(partitions=2, batch__max_records=30)
     records = [(i % 2, order_value(i)) for i in range(40)] + [(0, b"{not json"), (1, b'{"amount": "lots"}')]
     produce(broker.bootstrap_servers, p.topic, records)
-    statsd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    statsd.bind(("127.0.0.1", 0))
-    statsd.settimeout(5)
-    done = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir,
-               LEDGERBATCH_STATSD=f"127.0.0.1:{statsd.getsockname()[1]}")
+    otlp = OtlpReceiver()
+    try:
+        done = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir, OTEL_EXPORTER_OTLP_ENDPOINT=otlp.endpoint)
+    finally:
+        otlp.close()
     assert done.returncode == 0, done.stderr[-2000:]
 
     events = phase_events(done.stderr)
@@ -42,11 +42,17 @@ def test_run_logs_phases_sends_metrics_and_feeds_views_and_status(engine, db_url
     assert sum(e["rows_quarantined"] for e in events if e["phase"] == "commit") == 2
     assert all(e["records_read"] == e["rows_written"] + e["rows_quarantined"] for e in events if e["phase"] == "commit")
 
-    packets = set()
-    while not any(pk.startswith(f"ledgerbatch.{p.name}.rows_written:") for pk in packets) or len(packets) < 12:
-        packets.add(statsd.recv(512).decode())
-    assert f"ledgerbatch.{p.name}.batches_committed:1|c" in packets
-    assert any(pk.startswith(f"ledgerbatch.{p.name}.process.duration:") and pk.endswith("|ms") for pk in packets)
+    # The same numbers over OTLP, sent as the process exited
+    mine = {"ledgerbatch__pipeline": p.name}
+    assert sum(otlp.latest("ledgerbatch.rows.written", **mine).values()) == 40
+    assert sum(otlp.latest("ledgerbatch.records.quarantined", **mine).values()) == 2
+    assert sum(otlp.latest("ledgerbatch.batches.committed", **mine).values()) == 2
+    consumed = otlp.latest("messaging.client.consumed.messages", **mine, messaging__system="kafka")
+    assert sorted(consumed.values()) == [21, 21]  # per partition
+    assert sum(otlp.latest("ledgerbatch.batch.phase.duration", **mine, ledgerbatch__phase="process").values()) == 2
+    assert otlp.latest("ledgerbatch.lag.offsets", **mine).values() and all(
+        v == 0 for v in otlp.latest("ledgerbatch.lag.offsets", **mine).values())
+    assert {"service.name": "ledgerbatch"}.items() <= otlp.resources[-1].items()
 
     # Observations at plan time: the caught-up plan saw the end offsets the broker reports.
     ends = end_offsets(broker.bootstrap_servers, p.topic, 2)

@@ -1,20 +1,32 @@
 import json
 import logging
-import socket
 
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from ledgerbatch.errors import ConfigError
-from ledgerbatch.ops.events import StatsdClient, phase_event
 from ledgerbatch.model.batch import Batch
 from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.ops.events import phase_event
+from ledgerbatch.ops.lag import PartitionLag
+from ledgerbatch.ops.metrics import Metrics
 
 
 def batch(**counts) -> Batch:
     return Batch(batch_id=7, pipeline="orders", kind="live", status="staged", attempt=2, staging_table="b7_a2",
                  records_read=counts.get("read"), rows_written=counts.get("written"),
                  rows_quarantined=counts.get("quarantined"), error=None,
-                 ranges=(OffsetRange("orders", 0, 0, 10), OffsetRange("orders", 1, 5, 9)), range_counts={})
+                 ranges=(OffsetRange("orders", 0, 0, 10), OffsetRange("orders", 1, 5, 9)),
+                 range_counts={("orders", 0): 6, ("orders", 1): 4})
+
+
+def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict, object]]]:
+    out: dict[str, list] = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out[m.name] = [(dict(p.attributes), getattr(p, "value", None) if hasattr(p, "value") else p.count)
+                               for p in m.data.data_points]
+    return out
 
 
 def test_phase_line_is_the_fixed_format(caplog):
@@ -26,29 +38,59 @@ def test_phase_line_is_the_fixed_format(caplog):
                    "seconds": 0.25, "ranges": 2, "records_read": None, "rows_written": None, "rows_quarantined": None}
 
 
-def test_statsd_metrics_over_udp():
-    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    server.bind(("127.0.0.1", 0))
-    server.settimeout(5)
-    client = StatsdClient(f"127.0.0.1:{server.getsockname()[1]}")
-    phase_event("commit", batch(read=10, written=9, quarantined=1), 1.5, committed_now=True, stats=client)
-    packets = {server.recv(512).decode() for _ in range(5)}
-    assert packets == {"ledgerbatch.orders.commit.duration:1500.000|ms", "ledgerbatch.orders.batches_committed:1|c",
-                       "ledgerbatch.orders.records_read:10|c", "ledgerbatch.orders.rows_written:9|c",
-                       "ledgerbatch.orders.rows_quarantined:1|c"}
+def test_a_commit_counts_per_pipeline_and_partition_with_otel_names():
+    reader = InMemoryMetricReader()
+    m = Metrics([reader])
+    m.phase("commit", batch(read=10, written=9, quarantined=1), 1.5, committed_now=True, rows_written=9,
+            rows_quarantined=1, rows_rejected=0)
+    got = points(reader)
+    orders = {"ledgerbatch.pipeline": "orders"}
+    assert got["ledgerbatch.rows.written"] == [(orders, 9)]
+    assert got["ledgerbatch.records.quarantined"] == [(orders, 1)]
+    assert got["ledgerbatch.batches.committed"] == [({**orders, "ledgerbatch.batch.kind": "live"}, 1)]
+    kafka = {**orders, "messaging.system": "kafka", "messaging.destination.name": "orders"}
+    assert sorted(got["messaging.client.consumed.messages"], key=str) == [
+        ({**kafka, "messaging.destination.partition.id": "0"}, 6), ({**kafka, "messaging.destination.partition.id": "1"}, 4)]
+    assert got["ledgerbatch.batch.phase.duration"] == [({**orders, "ledgerbatch.phase": "commit"}, 1)]
 
 
-def test_a_commit_that_was_a_no_op_counts_nothing():
-    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    server.bind(("127.0.0.1", 0))
-    server.settimeout(0.5)
-    phase_event("commit", batch(read=10, written=9, quarantined=1), 0.1, committed_now=False,
-                stats=StatsdClient(f"127.0.0.1:{server.getsockname()[1]}"))
-    assert server.recv(512).decode().startswith("ledgerbatch.orders.commit.duration:")
-    with pytest.raises(socket.timeout):
-        server.recv(512)
+def test_a_commit_that_was_a_no_op_counts_nothing_but_its_time():
+    reader = InMemoryMetricReader()
+    Metrics([reader]).phase("commit", batch(read=10, written=9, quarantined=1), 0.1, committed_now=False)
+    assert set(points(reader)) == {"ledgerbatch.batch.phase.duration"}
 
 
-def test_bad_statsd_address_is_one_clear_error():
-    with pytest.raises(ConfigError, match=r"LEDGERBATCH_STATSD must be HOST:PORT, got 'localhost'"):
-        StatsdClient("localhost")
+def test_lag_gauges_in_offsets_and_seconds():
+    reader = InMemoryMetricReader()
+    m = Metrics([reader])
+    import time
+    now_ms = int(time.time() * 1000)
+    m.lag([PartitionLag("orders", "orders", 0, 30, now_ms - 120_000, now_ms - 125_000),
+           PartitionLag("orders", "orders", 1, 0, None, now_ms - 5_000)])
+    got = {name: {a["messaging.destination.partition.id"]: v for a, v in series}
+           for name, series in points(reader).items()}
+    assert got["ledgerbatch.lag.offsets"] == {"0": 30, "1": 0}
+    assert 119 < got["ledgerbatch.lag.oldest_undelivered.age"]["0"] < 130
+    assert got["ledgerbatch.lag.oldest_undelivered.age"]["1"] == 0  # caught up
+    assert 4 < got["ledgerbatch.lag.newest_delivered.age"]["1"] < 15
+
+
+def test_errors_are_counted_by_type_and_still_raised():
+    reader = InMemoryMetricReader()
+    m = Metrics([reader])
+    with pytest.raises(TimeoutError):
+        with m.failures("orders", "process"):
+            raise TimeoutError("the cluster did not answer")
+    assert points(reader)["ledgerbatch.errors"] == [
+        ({"ledgerbatch.pipeline": "orders", "ledgerbatch.phase": "process", "error.type": "TimeoutError"}, 1)]
+
+
+def test_a_failing_metric_never_fails_the_batch(caplog):
+    m = Metrics([InMemoryMetricReader()])
+
+    def broken(*_):
+        raise RuntimeError("exporter on fire")
+    m.written.add = broken
+    with caplog.at_level(logging.WARNING):
+        m.phase("commit", batch(read=10, written=9, quarantined=1), 1.0, committed_now=True, rows_written=9)
+    assert "metrics: phase not recorded: exporter on fire" in caplog.text

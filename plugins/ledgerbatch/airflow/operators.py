@@ -19,7 +19,6 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-from airflow.sdk.observability.stats import Stats
 
 from ledgerbatch.airflow.hooks import (
     SPARK_CONNECT_CONN_ID,
@@ -30,6 +29,7 @@ from ledgerbatch.airflow.hooks import (
 )
 from ledgerbatch.config import REPO_ROOT, Settings
 from ledgerbatch.ops.events import phase_event
+from ledgerbatch.ops.metrics import metrics, record_lag
 from ledgerbatch.spec.resolve import load_pipeline
 
 if TYPE_CHECKING:
@@ -88,12 +88,14 @@ class LedgerbatchBaseOperator(BaseOperator):
         return self.ledger_hook.get_engine(), load_pipeline(settings, self.pipeline)
 
     def _phase_event(self, phase: str, batch_id: int, started: float, **counts) -> None:
-        """The phase's event line and metrics, through Airflow's Stats (the deployment's [metrics] settings)."""
+        """The phase's event line and metrics (ops/metrics.py: OTLP where the environment or Airflow's
+        [metrics] otel_on says so), flushed before the task's process ends."""
         from ledgerbatch.ledger.batches import get_batch
 
         with self.ledger_hook.get_engine().connect() as conn:
             batch = get_batch(conn, batch_id)
-        phase_event(phase, batch, time.monotonic() - started, stats=Stats, **counts)
+        phase_event(phase, batch, time.monotonic() - started, in_airflow=True, **counts)
+        metrics(in_airflow=True).flush()
 
 
 class PlanBatchOperator(LedgerbatchBaseOperator, ShortCircuitOperator):
@@ -125,7 +127,8 @@ class PlanBatchOperator(LedgerbatchBaseOperator, ShortCircuitOperator):
                 raise AirflowSkipException(f"{self.pipeline} is {pause}: no batch is planned")
             self.log.info("%s is caught up: no batch to run", self.pipeline)
             return None
-        phase_event("plan", batch, time.monotonic() - started, stats=Stats)
+        phase_event("plan", batch, time.monotonic() - started, in_airflow=True)
+        metrics(in_airflow=True).flush()
         self.log.info("batch %d (%s): %d offsets in %d ranges", batch.batch_id, batch.status, batch.span, len(batch.ranges))
         return batch.batch_id
 
@@ -151,7 +154,8 @@ class PlanReplayOperator(LedgerbatchBaseOperator):
         started = time.monotonic()
         ranges = resolve_ranges(spec, self.kafka_hook.get_bootstrap_servers(), request_from_params(spec, params))
         batch = plan_replay(engine, spec, ranges)
-        phase_event("plan", batch, time.monotonic() - started, stats=Stats)
+        phase_event("plan", batch, time.monotonic() - started, in_airflow=True)
+        metrics(in_airflow=True).flush()
         self.log.info("%s batch %d: %s", batch.kind, batch.batch_id, ", ".join(map(str, batch.ranges)))
         return batch.batch_id
 
@@ -343,8 +347,10 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
             return {"dry_run": True, **diff.__dict__}
         started = time.monotonic()
         result = commit_batch(engine, spec, int(self.batch_id))
+        record_lag(engine, spec, self.kafka_hook.get_bootstrap_servers(), in_airflow=True)
         self._phase_event("commit", int(self.batch_id), started, rows_written=result.rows_written,
-                          rows_quarantined=result.rows_quarantined, committed_now=not result.already_committed)
+                          rows_quarantined=result.rows_quarantined, committed_now=not result.already_committed,
+                          rows_rejected=result.rows_rejected)
         self.log.info("batch %s %s: %d rows written, %d quarantined", self.batch_id,
                       "was already committed" if result.already_committed else "committed",
                       result.rows_written, result.rows_quarantined)

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 from sqlalchemy.engine import Engine
@@ -25,6 +26,7 @@ from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.faults import crash_point
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.ops.events import phase_event
+from ledgerbatch.ops.metrics import metrics, record_lag
 from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
@@ -34,6 +36,7 @@ from ledgerbatch.stage.process import process_batch
 from ledgerbatch.stage.tables import drop_finished_staging
 
 log = logging.getLogger(__name__)
+LAG_EVERY_S = 5.0  # how often a following run measures its lag for the metrics (it reads Kafka)
 
 
 @dataclass
@@ -50,16 +53,21 @@ class RunSummary:
 def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
                  spark_factory: Callable, max_batches: int | None = None, follow_idle_s: float | None = None,
                  stop: threading.Event | None = None) -> RunSummary:
-    summary, started, spark, idle = RunSummary(), time.monotonic(), None, False
+    summary, started, spark, idle, lag_at = RunSummary(), time.monotonic(), None, False, 0.0
     stop = stop or threading.Event()
+    counted = partial(metrics().failures, spec.name)
     faults.arm()
     drop_finished_staging(engine, spec.name)
     if follow_idle_s is not None:  # be warm before the first batch arrives
         spark = spark_factory()
         log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm_up(spark))
     while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
+        if time.monotonic() - lag_at >= LAG_EVERY_S:
+            record_lag(engine, spec, bootstrap_servers)
+            lag_at = time.monotonic()
         phase_started = time.monotonic()
-        batch = plan_next(engine, spec, bootstrap_servers)
+        with counted("plan"):
+            batch = plan_next(engine, spec, bootstrap_servers)
         if batch is None:
             if not idle:
                 pause = pause_of(engine, spec)
@@ -76,13 +84,15 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
         crash_point("after_plan")
         if batch.status != BatchStatus.STAGED:
             phase_started = time.monotonic()  # the first batch's process phase includes starting Spark
-            spark = spark or spark_factory()
-            batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
+            with counted("process"):
+                spark = spark or spark_factory()
+                batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
             phase_event("process", batch, time.monotonic() - phase_started)
             crash_point("after_stage")
         try:
             phase_started = time.monotonic()
-            result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
+            with counted("commit"):
+                result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
         except DBAPIError as exc:
             if not (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))):
                 raise
@@ -91,7 +101,7 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
             raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "
                                    f"the ledger holds the outcome: run again to resume") from None
         phase_event("commit", batch, time.monotonic() - phase_started, result.rows_written, result.rows_quarantined,
-                    committed_now=not result.already_committed)
+                    committed_now=not result.already_committed, rows_rejected=result.rows_rejected)
         summary.batches += 1
         summary.batch_ids.append(batch.batch_id)
         summary.records_read += batch.records_read
@@ -102,6 +112,7 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
                  summary.batches, summary.records_read, summary.rows_written, summary.rows_quarantined,
                  summary.rows_rejected,
                  "already committed" if result.already_committed else f"commit {result.seconds:.2f}s")
+    record_lag(engine, spec, bootstrap_servers)
     summary.seconds = time.monotonic() - started
     return summary
 

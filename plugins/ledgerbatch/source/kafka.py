@@ -85,3 +85,40 @@ def timestamps_at(bootstrap_servers: str, positions: dict[TP, int], options: dic
     finally:
         consumer.close()
     return out
+
+
+LOOKBACK = 16  # offsets read before a cursor to find the last record (markers and aborted records are gaps)
+
+
+def timestamps_around(bootstrap_servers: str, cursors: dict[TP, int], ends: dict[TP, Watermarks],
+                      options: dict[str, str] | None = None, timeout_s: float = 10.0) -> dict[TP, tuple]:
+    """Per partition, (timestamp of the first committed record at or after the cursor, of the last one
+    before it), epoch ms; None where there is none or none arrived within `timeout_s`."""
+    out: dict[TP, list] = {tp: [None, None] for tp in cursors}
+    todo = {tp for tp, pos in cursors.items() if ends[tp].low < pos or pos < ends[tp].high}
+    if not todo:
+        return {tp: tuple(v) for tp, v in out.items()}
+    consumer = Consumer(consumer_config(bootstrap_servers, options))
+    try:
+        consumer.assign([TopicPartition(t, p, max(ends[(t, p)].low, cursors[(t, p)] - LOOKBACK)) for t, p in sorted(todo)])
+        deadline = time.monotonic() + timeout_s
+        while todo and time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.2):
+                tp = (msg.topic(), msg.partition())
+                if msg.error() is not None or tp not in todo:
+                    continue
+                kind, ms = msg.timestamp()
+                if msg.offset() < cursors[tp]:
+                    out[tp][1] = ms if kind else None
+                elif out[tp][0] is None:
+                    out[tp][0] = ms if kind else None
+            for tp in sorted(todo):  # done: the first undelivered record seen, or the end reached
+                part = TopicPartition(*tp)
+                if out[tp][0] is not None or consumer.position([part])[0].offset >= ends[tp].high:
+                    todo.discard(tp)
+                    consumer.pause([part])
+    except KafkaException as exc:
+        raise ConfigError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}") from None
+    finally:
+        consumer.close()
+    return {tp: tuple(v) for tp, v in out.items()}
