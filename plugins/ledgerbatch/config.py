@@ -11,7 +11,15 @@ from sqlalchemy.engine import make_url
 from ledgerbatch.errors import ConfigError
 
 DEFAULT_DB_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_ROOT.parents[1]  # the repo, when the package runs from its plugins/ folder
+
+
+def shipped(name: str) -> Path:
+    """`sql` or `spark_jobs`: in an installed wheel at ledgerbatch/_<name> (pyproject.toml maps them there),
+    in the repo at its top level."""
+    packaged = PACKAGE_ROOT / f"_{name}"
+    return packaged if packaged.is_dir() else REPO_ROOT / name
 
 
 @dataclass(frozen=True)

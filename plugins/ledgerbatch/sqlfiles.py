@@ -6,10 +6,10 @@ import os
 import re
 from pathlib import Path
 
-from ledgerbatch.config import REPO_ROOT
+from ledgerbatch.config import shipped
 from ledgerbatch.identifiers import quote_ident
 
-SQL_DIR = Path(os.environ.get("LEDGERBATCH_SQL_DIR") or REPO_ROOT / "sql")
+SQL_DIR = Path(os.environ.get("LEDGERBATCH_SQL_DIR") or shipped("sql"))
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.M)
 _MIGRATION = re.compile(r"^(\d{3})_(\w+)\.sql$")
 

@@ -56,7 +56,9 @@ TASK_DOCS = {
 
 
 def pipelines_dir() -> Path:
-    return Path(os.environ.get("LEDGERBATCH_PIPELINES_DIR") or REPO_ROOT / "pipelines").resolve()
+    """LEDGERBATCH_PIPELINES_DIR, else the repo's pipelines/ when run from the repo, else ./pipelines."""
+    in_repo = REPO_ROOT / "pipelines"
+    return Path(os.environ.get("LEDGERBATCH_PIPELINES_DIR") or (in_repo if in_repo.is_dir() else "pipelines")).resolve()
 
 
 @dataclass(frozen=True)

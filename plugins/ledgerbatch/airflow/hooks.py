@@ -34,7 +34,7 @@ class LedgerHook(BaseHook):
 
     conn_name_attr = "ledger_conn_id"
     default_conn_name = "ledgerbatch_db"
-    conn_type = "postgres"
+    conn_type = "ledgerbatch_ledger"  # its form in the UI: airflow/provider.py; a postgres connection works too
     hook_name = "ledgerbatch ledger"
 
     def __init__(self, ledger_conn_id: str = default_conn_name):
@@ -98,7 +98,7 @@ class KafkaConfigHook(BaseHook):
 
     conn_name_attr = "kafka_conn_id"
     default_conn_name = "ledgerbatch_kafka"
-    conn_type = "generic"
+    conn_type = "ledgerbatch_kafka"  # a generic connection works too
     hook_name = "ledgerbatch Kafka"
 
     def __init__(self, kafka_conn_id: str = default_conn_name):
@@ -148,7 +148,7 @@ class SchemaRegistryHook(BaseHook):
 
     conn_name_attr = "registry_conn_id"
     default_conn_name = "ledgerbatch_schema_registry"
-    conn_type = "http"
+    conn_type = "ledgerbatch_schema_registry"  # an http connection works too
     hook_name = "ledgerbatch Schema Registry"
 
     def __init__(self, registry_conn_id: str = default_conn_name):

@@ -27,7 +27,7 @@ from ledgerbatch.airflow.hooks import (
     settings_from_hooks,
     spark_connect_url,
 )
-from ledgerbatch.config import REPO_ROOT, Settings
+from ledgerbatch.config import Settings, shipped
 from ledgerbatch.ops.events import phase_event
 from ledgerbatch.ops.metrics import metrics, record_lag
 from ledgerbatch.spec.resolve import load_pipeline
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from ledgerbatch.spec.pipeline import PipelineSpec
 
-SPARK_JOB = REPO_ROOT / "spark_jobs" / "process_batch.py"
+SPARK_JOB = shipped("spark_jobs") / "process_batch.py"
 
 
 class LedgerbatchBaseOperator(BaseOperator):
