@@ -16,6 +16,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterable
 
+from ledgerbatch.errors import ConfigError
 from ledgerbatch.model.batch import Batch
 from ledgerbatch.ops.lag import PartitionLag, pipeline_lag
 
@@ -154,13 +155,19 @@ def record_lag(engine, spec, bootstrap_servers: str, in_airflow: bool = False) -
 def serve_prometheus(port: int, host: str = "127.0.0.1") -> Metrics:
     """Serve the process's metrics for Prometheus on host:port (`/metrics`); before any other use."""
     global _metrics, _prometheus_port
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import start_http_server
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+    except ImportError:
+        raise ConfigError("serving metrics for Prometheus needs its exporter: pip install 'ledgerbatch[metrics]'") from None
 
     if _metrics is not None and _prometheus_port is None:
         raise RuntimeError("serve_prometheus must come before the first metric")
     if _metrics is None:
-        start_http_server(port, addr=host)
+        try:
+            start_http_server(port, addr=host)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
         _metrics, _prometheus_port = Metrics([PrometheusMetricReader(), *_otlp_readers()]), port
         log.info("metrics for Prometheus on http://%s:%d/metrics", host, port)
     return _metrics
@@ -183,7 +190,12 @@ def _otlp_readers(in_airflow: bool = False) -> list:
     endpoint = _otlp_endpoint(in_airflow)
     if not endpoint:
         return []
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    except ImportError:  # a metric never fails a batch: say what is missing, once
+        log.warning("metrics: %s is set but the OTLP exporter is not installed: pip install 'ledgerbatch[metrics]'",
+                    endpoint)
+        return []
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     interval_ms = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "60000"))
