@@ -334,6 +334,30 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         super().__init__(**kwargs)
         self.batch_id = batch_id
         self.dry_run = dry_run
+        self._rows_written: int | None = None  # of this try's commit, for the lineage of its completion
+
+    def get_openlineage_facets_on_start(self):
+        """The OpenLineage provider's START: the topics in, the target out (ops/lineage.py)."""
+        return self._lineage()
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """COMPLETE: the same, with the rows this commit wrote and the batch's ranges."""
+        return self._lineage(self._rows_written)
+
+    def _lineage(self, rows_written: int | None = None):
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from ledgerbatch.ledger.batches import get_batch
+        from ledgerbatch.ops.lineage import BATCH_FACET, batch_facet, datasets
+
+        if str(self.dry_run).lower() in ("true", "1"):
+            return OperatorLineage()  # a dry run delivers nothing
+        engine, spec = self._engine_and_spec()
+        with engine.connect() as conn:
+            batch = get_batch(conn, int(self.batch_id))
+        inputs, outputs = datasets(spec, self.ledger_hook.get_url(), self.kafka_hook.get_bootstrap_servers(), batch,
+                                   rows_written)
+        return OperatorLineage(inputs=inputs, outputs=outputs, run_facets={BATCH_FACET: batch_facet(batch)})
 
     def execute(self, context) -> dict:
         from ledgerbatch.commit.diff import dry_run_diff
@@ -348,6 +372,7 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         started = time.monotonic()
         result = commit_batch(engine, spec, int(self.batch_id))
         record_lag(engine, spec, self.kafka_hook.get_bootstrap_servers(), in_airflow=True)
+        self._rows_written = result.rows_written
         self._phase_event("commit", int(self.batch_id), started, rows_written=result.rows_written,
                           rows_quarantined=result.rows_quarantined, committed_now=not result.already_committed,
                           rows_rejected=result.rows_rejected)

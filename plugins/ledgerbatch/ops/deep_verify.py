@@ -7,8 +7,8 @@ batch is abandoned once compared. SQL then checks that every good record is in t
 bad record in ledger.quarantine with the same raw bytes, and nothing of the ranges in the target or the
 quarantine that Kafka does not hold. Aggregate: the standing batches (those no later replay superseded)
 are read again whole, and the groups their records make must be their contributions, merged by key
-(`verify` checks the target against the contributions). Offsets Kafka no longer holds are reported as not checkable, never as
-passed. Spark streams the ranges, so memory does not grow with them.
+(`verify` checks the target against the contributions). Offsets Kafka no longer holds are reported as
+not checkable, never as passed. Spark streams the ranges, so memory does not grow with them.
 """
 from __future__ import annotations
 

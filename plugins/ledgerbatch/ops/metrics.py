@@ -159,7 +159,8 @@ def serve_prometheus(port: int, host: str = "127.0.0.1") -> Metrics:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
     except ImportError:
-        raise ConfigError("serving metrics for Prometheus needs its exporter: pip install 'ledgerbatch[metrics]'") from None
+        raise ConfigError("serving metrics for Prometheus needs its exporter: "
+                          "pip install 'ledgerbatch[metrics]'") from None
 
     if _metrics is not None and _prometheus_port is None:
         raise RuntimeError("serve_prometheus must come before the first metric")

@@ -26,6 +26,7 @@ from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.faults import crash_point
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.ops.events import phase_event
+from ledgerbatch.ops.lineage import Emitter
 from ledgerbatch.ops.metrics import metrics, record_lag
 from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.plan.live import plan_next
@@ -56,6 +57,7 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
     summary, started, spark, idle, lag_at = RunSummary(), time.monotonic(), None, False, 0.0
     stop = stop or threading.Event()
     counted = partial(metrics().failures, spec.name)
+    lineage = Emitter(spec, db_url, bootstrap_servers)
     faults.arm()
     drop_finished_staging(engine, spec.name)
     if follow_idle_s is not None:  # be warm before the first batch arrives
@@ -82,26 +84,28 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
         idle = False
         phase_event("plan", batch, time.monotonic() - phase_started)
         crash_point("after_plan")
-        if batch.status != BatchStatus.STAGED:
-            phase_started = time.monotonic()  # the first batch's process phase includes starting Spark
-            with counted("process"):
-                spark = spark or spark_factory()
-                batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
-            phase_event("process", batch, time.monotonic() - phase_started)
-            crash_point("after_stage")
-        try:
-            phase_started = time.monotonic()
-            with counted("commit"):
-                result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
-        except DBAPIError as exc:
-            if not (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))):
-                raise
-            # Whether the COMMIT landed is in the ledger: the next run reads it, never re-applies blindly.
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-            raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "
-                                   f"the ledger holds the outcome: run again to resume") from None
-        phase_event("commit", batch, time.monotonic() - phase_started, result.rows_written, result.rows_quarantined,
-                    committed_now=not result.already_committed, rows_rejected=result.rows_rejected)
+        with lineage.running(batch):  # START; FAIL if staging or the commit fails
+            if batch.status != BatchStatus.STAGED:
+                phase_started = time.monotonic()  # the first batch's process phase includes starting Spark
+                with counted("process"):
+                    spark = spark or spark_factory()
+                    batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
+                phase_event("process", batch, time.monotonic() - phase_started)
+                crash_point("after_stage")
+            try:
+                phase_started = time.monotonic()
+                with counted("commit"):
+                    result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
+            except DBAPIError as exc:
+                if not (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))):
+                    raise
+                # Whether the COMMIT landed is in the ledger: the next run reads it, never re-applies blindly.
+                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+                raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "
+                                       f"the ledger holds the outcome: run again to resume") from None
+            phase_event("commit", batch, time.monotonic() - phase_started, result.rows_written, result.rows_quarantined,
+                        committed_now=not result.already_committed, rows_rejected=result.rows_rejected)
+            lineage.emit("COMPLETE", batch, result.rows_written)
         summary.batches += 1
         summary.batch_ids.append(batch.batch_id)
         summary.records_read += batch.records_read
@@ -129,8 +133,11 @@ def run_replay(engine: Engine, spec: PipelineSpec, request: ReplayRequest, db_ur
     """What the backfill DAG does, in one process: plan the replay or backfill batch, stage it, then
     commit it or (dry run) report the diff and abandon it. The live cursors never move."""
     batch = plan_replay(engine, spec, resolve_ranges(spec, bootstrap_servers, request))
-    batch = process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
-    if dry_run:
-        return ReplayOutcome(batch, dry_run_diff(engine, spec, batch.batch_id), False)
-    commit_batch(engine, spec, batch.batch_id, batch.attempt)
+    lineage = Emitter(spec, db_url, bootstrap_servers)
+    with lineage.running(batch, enabled=not dry_run):  # a dry run delivers nothing: no lineage
+        batch = process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
+        if dry_run:
+            return ReplayOutcome(batch, dry_run_diff(engine, spec, batch.batch_id), False)
+        result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
+        lineage.emit("COMPLETE", batch, result.rows_written)
     return ReplayOutcome(batch, None, True)
