@@ -4,6 +4,7 @@ the provider's connection types, the migrations it carries, and a DAG file in an
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,13 @@ target: {table: public.orders_from_wheel}
 
 
 def test_the_wheel_installs_into_a_clean_venv_and_works_outside_the_repo(tmp_path, db_url):
-    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(REPO)],
+    source = tmp_path / "source"  # what the wheel is made of, copied: no build/ left over from another build
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("plugins", "sql", "spark_jobs"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(source)],
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("ledgerbatch-*.whl")
