@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from ..conftest import AIRFLOW_LINEAGE
 from .helpers import cli, order_value, produce
 from .test_aggregate import AGGREGATE, produce_orders
 from .test_airflow import airflow_db, build, connections, states  # noqa: F401  (fixtures)
@@ -75,19 +76,16 @@ def test_the_cli_emits_a_start_and_a_complete_per_batch_with_datasets_facets_and
 
 
 def test_airflow_emits_the_commit_tasks_lineage_through_the_openlineage_provider(
-        tmp_path, airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
+        airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
     p = make_pipeline(partitions=2)
     produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(40)])
-    log_file = tmp_path / "lineage.jsonl"
-    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT",
-                       json.dumps({"type": "file", "log_file_path": str(log_file), "append": True}))
-    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "airflow-lineage-test")
     run = build(p, monkeypatch)[f"ledgerbatch_{p.name}"].test()
     assert str(run.state) == "success", states(run)
     (batch_id,) = _committed(engine, p.name)
 
-    def commit_complete():
-        return [e for e in _events(log_file) if e["eventType"] == "COMPLETE" and e["job"]["name"].endswith(".commit")]
+    def commit_complete():  # the session's transport (tests/conftest.py): this DAG's events only
+        return [e for e in _events(AIRFLOW_LINEAGE) if e["eventType"] == "COMPLETE"
+                and e["job"]["name"] == f"ledgerbatch_{p.name}.commit"]
     deadline = time.monotonic() + 60
     while not commit_complete() and time.monotonic() < deadline:  # the provider emits from a forked process
         time.sleep(0.5)
