@@ -18,18 +18,14 @@ TEST_DB = os.environ.get("LEDGERBATCH_TEST_DB", "ledgerbatch_test")  # separate 
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its clean-up logs after pytest closed the streams
 _names = itertools.count()
 
-# Airflow reads its configuration at import: a throw-away home with this repo's dags/ and plugins/. Its
-# OpenLineage provider keeps its transport for the whole process, as a deployment sets it once: every Airflow
-# of the session writes its events to one file (tests/integration/test_lineage.py reads it).
+# Airflow reads its configuration at import: a throw-away home with this repo's dags/ and plugins/.
 AIRFLOW_HOME = tempfile.mkdtemp(prefix="ledgerbatch-airflow-test-")
-AIRFLOW_LINEAGE = Path(AIRFLOW_HOME) / "openlineage.jsonl"
 os.environ.update({
     "AIRFLOW_HOME": AIRFLOW_HOME,
     "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
     "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME}/airflow.db",
-    "AIRFLOW__OPENLINEAGE__TRANSPORT": f'{{"type": "file", "log_file_path": "{AIRFLOW_LINEAGE}", "append": true}}',
 })
 
 

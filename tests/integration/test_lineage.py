@@ -3,14 +3,16 @@ pipeline, live batches and a replay) and from Airflow's OpenLineage provider in 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from ..conftest import AIRFLOW_LINEAGE
-from .helpers import cli, order_value, produce
+from .helpers import REPO, cli, order_value, produce
 from .test_aggregate import AGGREGATE, produce_orders
 from .test_airflow import airflow_db, build, connections, states  # noqa: F401  (fixtures)
 
@@ -76,16 +78,24 @@ def test_the_cli_emits_a_start_and_a_complete_per_batch_with_datasets_facets_and
 
 
 def test_airflow_emits_the_commit_tasks_lineage_through_the_openlineage_provider(
-        airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
+        tmp_path, airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
     p = make_pipeline(partitions=2)
     produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(40)])
-    run = build(p, monkeypatch)[f"ledgerbatch_{p.name}"].test()
-    assert str(run.state) == "success", states(run)
+    build(p, monkeypatch)
+    log_file = tmp_path / "lineage.jsonl"
+    # A process of its own, as a worker with the deployment's OpenLineage transport: the provider reads its
+    # settings once per process, so this one must not have run Airflow before.
+    env = {**os.environ, "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+        {"type": "file", "log_file_path": str(log_file), "append": True})}
+    script = (f"from ledgerbatch.airflow.factory import build_dags\n"
+              f"print('STATE', build_dags()['ledgerbatch_{p.name}'].test().state)\n")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=REPO)
+    assert "STATE success" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
     (batch_id,) = _committed(engine, p.name)
 
-    def commit_complete():  # the session's transport (tests/conftest.py): this DAG's events only
-        return [e for e in _events(AIRFLOW_LINEAGE) if e["eventType"] == "COMPLETE"
-                and e["job"]["name"] == f"ledgerbatch_{p.name}.commit"]
+    def commit_complete():
+        return [e for e in _events(log_file) if e["eventType"] == "COMPLETE" and e["job"]["name"].endswith(".commit")]
     deadline = time.monotonic() + 60
     while not commit_complete() and time.monotonic() < deadline:  # the provider emits from a forked process
         time.sleep(0.5)
