@@ -29,7 +29,7 @@ from ledgerbatch.airflow.hooks import (
 )
 from ledgerbatch.config import Settings, shipped
 from ledgerbatch.ops.events import phase_event
-from ledgerbatch.ops.metrics import metrics, record_lag
+from ledgerbatch.ops.metrics import record_lag
 from ledgerbatch.spec.resolve import load_pipeline
 
 if TYPE_CHECKING:
@@ -89,13 +89,12 @@ class LedgerbatchBaseOperator(BaseOperator):
 
     def _phase_event(self, phase: str, batch_id: int, started: float, **counts) -> None:
         """The phase's event line and metrics (ops/metrics.py: OTLP where the environment or Airflow's
-        [metrics] otel_on says so), flushed before the task's process ends."""
+        [metrics] otel_on says so)."""
         from ledgerbatch.ledger.batches import get_batch
 
         with self.ledger_hook.get_engine().connect() as conn:
             batch = get_batch(conn, batch_id)
         phase_event(phase, batch, time.monotonic() - started, in_airflow=True, **counts)
-        metrics(in_airflow=True).flush()
 
 
 class PlanBatchOperator(LedgerbatchBaseOperator, ShortCircuitOperator):
@@ -128,7 +127,6 @@ class PlanBatchOperator(LedgerbatchBaseOperator, ShortCircuitOperator):
             self.log.info("%s is caught up: no batch to run", self.pipeline)
             return None
         phase_event("plan", batch, time.monotonic() - started, in_airflow=True)
-        metrics(in_airflow=True).flush()
         self.log.info("batch %d (%s): %d offsets in %d ranges", batch.batch_id, batch.status, batch.span, len(batch.ranges))
         return batch.batch_id
 
@@ -155,7 +153,6 @@ class PlanReplayOperator(LedgerbatchBaseOperator):
         ranges = resolve_ranges(spec, self.kafka_hook.get_bootstrap_servers(), request_from_params(spec, params))
         batch = plan_replay(engine, spec, ranges)
         phase_event("plan", batch, time.monotonic() - started, in_airflow=True)
-        metrics(in_airflow=True).flush()
         self.log.info("%s batch %d: %s", batch.kind, batch.batch_id, ", ".join(map(str, batch.ranges)))
         return batch.batch_id
 

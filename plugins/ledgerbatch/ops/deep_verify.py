@@ -83,13 +83,10 @@ def deep_verify(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serve
 def _checkable(chosen: list[tuple[int | None, OffsetRange]], ends) -> tuple[DeepReport, list[int]]:
     """The chosen ranges split at each partition's log start into what Kafka still holds and what it does
     not. Ranges of a batch (aggregate) go together: a batch Kafka no longer holds whole is not checkable."""
-    report, gone = DeepReport(), set()
-    for batch_id, r in chosen:
-        low = ends[r.topic_partition].low if r.topic_partition in ends else r.until_offset
-        if r.from_offset < low:
-            gone.add(batch_id)
-    for batch_id, r in chosen:
-        low = ends[r.topic_partition].low if r.topic_partition in ends else r.until_offset
+    report = DeepReport()
+    lows = [ends[r.topic_partition].low if r.topic_partition in ends else r.until_offset for _, r in chosen]
+    gone = {batch_id for (batch_id, r), low in zip(chosen, lows) if r.from_offset < low}
+    for (batch_id, r), low in zip(chosen, lows):
         if batch_id is not None and batch_id in gone:
             report.not_checkable.append(r)
             continue

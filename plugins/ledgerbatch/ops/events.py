@@ -31,6 +31,9 @@ def phase_event(phase: str, batch: Batch, seconds: float, rows_written: int | No
         "rows_quarantined": batch.rows_quarantined if rows_quarantined is None else rows_quarantined,
     }
     log.info("phase " + json.dumps(obj, sort_keys=True))
-    metrics(in_airflow).phase(phase, batch, seconds, committed_now, int(obj["rows_written"] or 0),
-                              int(obj["rows_quarantined"] or 0), rows_rejected)
+    m = metrics(in_airflow)
+    m.phase(phase, batch, seconds, committed_now, int(obj["rows_written"] or 0), int(obj["rows_quarantined"] or 0),
+            rows_rejected)
+    if in_airflow:  # a task's process may end right after its phase: export now
+        m.flush()
     return obj
