@@ -41,7 +41,7 @@ class Pipe:
 
     def __init__(self, directory: Path, mode: str = "append", max_ratio: float = 0.5, policy: str = "quarantine",
                  deletes: bool = False, query: str | None = None, max_records: int | None = None,
-                 on_reject: str | None = None, version: str | None = None):
+                 on_reject: str | None = None, version: str | None = None, min_bad: int = 0):
         self.name = f"c{os.getpid()}_{next(_names)}"
         self.topic = f"t_{self.name}"
         self.table = f"target_{self.name}"
@@ -53,6 +53,8 @@ class Pipe:
                "target": target, "errors": {"policy": policy, "max_ratio": max_ratio}}
         if on_reject:
             doc["errors"]["on_reject"] = on_reject
+        if min_bad:
+            doc["errors"]["min_bad"] = min_bad
         if mode == "aggregate":
             target["measures"] = {"n": "sum", "amount": "sum"}
             doc["transform"] = GROUPS
