@@ -4,14 +4,12 @@ ledger/ is the one door to the `ledger` schema: every read and write of it goes 
 (queries in sql/queries/ledger_*.sql); the rest of the package sees typed values (model/batch.py)."""
 from __future__ import annotations
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ledgerbatch.errors import FENCED, FencedError, LedgerbatchError
 from ledgerbatch.ledger.sql import run
 from ledgerbatch.model.batch import Batch, BatchKind, BatchStatus
 from ledgerbatch.model.ranges import OffsetRange, TopicPartition, range_arrays
-from ledgerbatch.model.statements import StagedMarkStatements
 from ledgerbatch.sqlfiles import query
 
 # -- migrations' own bookkeeping (ledger.schema_migrations)
@@ -96,31 +94,23 @@ def renew_lease(conn: Connection, batch_id: int, attempt: int) -> bool:
     return run(conn, "renew_lease", {"batch_id": batch_id, "attempt": attempt}).rowcount == 1
 
 
-def staged_mark_statements() -> StagedMarkStatements:
-    return StagedMarkStatements(query("mark_staged"), query("set_range_count"), query("staged_reads"),
-                                query("mark_staged_changes"), query("set_range_changes"))
-
-
 def staged_read_statement() -> str:
     """What a query pipeline's staging task runs (psycopg2) to record its range's counts."""
     return query("record_staged_read")
 
 
 def mark_staged(conn: Connection, batch_id: int, attempt: int, staging: str, ranges: tuple[OffsetRange, ...],
-                counts: dict[TopicPartition, tuple[int, int]], statements: StagedMarkStatements | None = None,
-                filtered: int = 0, groups: int | None = None) -> None:
+                counts: dict[TopicPartition, tuple[int, int]], filtered: int = 0, groups: int | None = None) -> None:
     """Record the staged counts (records, bad) per range, or (records, bad, deleted, skipped) in change
     pipelines, fenced by attempt: a superseded attempt's result is refused. A query transform also
-    dropped `filtered` good records (an aggregate's result holds `groups` rows). `statements` come
-    with a staging job whose writer may run without sql/."""
-    sql = statements or staged_mark_statements()
+    dropped `filtered` good records (an aggregate's result holds `groups` rows)."""
     changes = any(len(c) > 2 for c in counts.values())  # a change pipeline's counts
     counts = {tp: tuple(c) + (0, 0) * (len(c) == 2) for tp, c in counts.items()}
     records = sum(c[0] for c in counts.values())
     bad = sum(c[1] for c in counts.values())
     deleted = sum(c[2] for c in counts.values())
     skipped = sum(c[3] for c in counts.values())
-    marked = conn.execute(text(sql.mark), {
+    marked = run(conn, "mark_staged", {
         "batch_id": batch_id, "attempt": attempt, "staging_table": staging, "records_read": records,
         "rows_written": records - bad - filtered, "rows_quarantined": bad, "records_filtered": filtered,
         "groups_written": groups,
@@ -128,24 +118,21 @@ def mark_staged(conn: Connection, batch_id: int, attempt: int, staging: str, ran
     if marked != 1:
         raise FencedError(f"batch {batch_id} attempt {attempt} {FENCED}: staged result discarded")
     if changes:
-        conn.execute(text(sql.mark_changes), {"batch_id": batch_id, "attempt": attempt, "rows_deleted": deleted,
-                                              "records_skipped": skipped})
+        run(conn, "mark_staged_changes", {"batch_id": batch_id, "attempt": attempt, "rows_deleted": deleted,
+                                          "records_skipped": skipped})
     for r in ranges:
         rows, _, range_deleted, range_skipped = counts.pop(r.topic_partition, (0, 0, 0, 0))
         where = {"batch_id": batch_id, "topic": r.topic, "partition": r.partition}
-        conn.execute(text(sql.set_count), {**where, "records_read": rows})
+        run(conn, "set_range_count", {**where, "records_read": rows})
         if changes:
-            conn.execute(text(sql.set_range_changes), {**where, "rows_deleted": range_deleted,
-                                                       "records_skipped": range_skipped})
+            run(conn, "set_range_changes", {**where, "rows_deleted": range_deleted, "records_skipped": range_skipped})
     if counts:
         raise LedgerbatchError(f"rows staged for partitions outside the batch: {sorted(counts)}")
 
 
-def staged_reads(conn: Connection, batch_id: int, attempt: int,
-                 statements: StagedMarkStatements | None = None) -> dict[TopicPartition, tuple[int, int]]:
+def staged_reads(conn: Connection, batch_id: int, attempt: int) -> dict[TopicPartition, tuple[int, int]]:
     """(records, bad) per range as a query pipeline's staging tasks recorded them for the attempt."""
-    sql = (statements or staged_mark_statements()).reads
-    rows = conn.execute(text(sql), {"batch_id": batch_id, "attempt": attempt})
+    rows = run(conn, "staged_reads", {"batch_id": batch_id, "attempt": attempt})
     return {(r.topic, r.partition): (r.records, r.bad) for r in rows}
 
 

@@ -1,9 +1,8 @@
-"""Spark Connect sessions for ledgerbatch: the package as a session artifact, the range reader and the staging
-sink registered, UTC session time zone; and a pipeline's live batches in one session kept on the server.
+"""Spark Connect sessions for ledgerbatch: the package as a session artifact, UTC session time zone; and a
+pipeline's live batches in one session kept on the server.
 
 A new server-side session gets a new Python daemon and workers on the server (their environment holds the
-session's own artifact directory), and starting them costs seconds; so does shipping the package and
-registering the sources. A pipeline's live batches therefore run in one kept session, named by the
+session's own artifact directory), and starting them costs seconds; so does shipping the package. A pipeline's live batches therefore run in one kept session, named by the
 pipeline, the package's content and the day (UTC), that outlives each client: the next run's client
 attaches to it. Spark stops a Python worker after 60 s idle (the daemon stays), so a run within a minute
 of the last finds its workers warm, a later one forks new ones from the warm daemon. Live batches of one
@@ -23,7 +22,7 @@ import os
 import uuid
 
 from ledgerbatch.errors import ConfigError
-from ledgerbatch.spark.package import PACKAGE_DIR, package_zip, register_sources
+from ledgerbatch.spark.package import PACKAGE_DIR, package_zip
 
 log = logging.getLogger(__name__)
 CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"  # set by PySpark in a process that made a Connect session
@@ -91,7 +90,7 @@ def _create(remote: str):
 
 
 def _prepare(spark, app_name: str):
-    """Ship the package and register the sources, once per session: a kept session remembers that it holds
+    """Ship the package and set the time zone, once per session: a kept session remembers that it holds
     them (session conf `ledgerbatch.prepared`), so attaching costs one round trip."""
     if spark.conf.get(_PREPARED, None) != package_digest():
         spark.conf.set("spark.sql.session.timeZone", "UTC")
@@ -100,7 +99,6 @@ def _prepare(spark, app_name: str):
         except Exception as exc:  # an attempt that died before marking the session added it: same digest, same zip
             if "ARTIFACT_ALREADY_EXISTS" not in str(exc):
                 raise
-        register_sources(spark)
         spark.conf.set(_PREPARED, package_digest())
     spark.addTag(_tag(app_name))  # this client's jobs carry it (Spark UI, interruptTag)
     return spark

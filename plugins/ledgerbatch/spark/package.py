@@ -1,5 +1,4 @@
-"""Shipping the package to executors (a zip on --py-files, addPyFile or a Connect artifact) and registering
-its data sources."""
+"""Shipping the package to executors: a zip on --py-files, addPyFile or a Connect artifact."""
 from __future__ import annotations
 
 import tempfile
@@ -21,11 +20,3 @@ def package_zip(directory: str | Path | None = None) -> str:
         for path in sorted(PACKAGE_DIR.rglob("*.py")):
             zf.write(path, path.relative_to(PACKAGE_DIR.parent).as_posix())
     return str(out)
-
-
-def register_sources(spark) -> None:
-    from ledgerbatch.source.reader import KafkaRangeSource
-    from ledgerbatch.stage.sink import StagingSink
-
-    spark.dataSource.register(KafkaRangeSource)
-    spark.dataSource.register(StagingSink)

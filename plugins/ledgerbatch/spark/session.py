@@ -1,5 +1,4 @@
-"""The SparkSession every ledgerbatch job uses, with the package shipped to executors and sources
-registered (package.py).
+"""The SparkSession every ledgerbatch job uses, with the package shipped to executors (package.py).
 
 Two kinds: a classic session (`get_spark(master)`, its own driver JVM, what spark-submit and `ledgerbatch run`
 start) and a Spark Connect session (`get_spark(remote="sc://host:15002")`, a client of a long-lived Connect
@@ -13,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from ledgerbatch.spark.package import package_zip, register_sources
+from ledgerbatch.spark.package import package_zip
 
 
 def is_connect(spark) -> bool:
@@ -44,7 +43,6 @@ def get_spark(master: str | None = None, app_name: str = "ledgerbatch", remote: 
     spark.sparkContext.setLogLevel(os.environ.get("LEDGERBATCH_SPARK_LOG_LEVEL", "WARN"))
     if not spark.conf.get("spark.master", "").startswith("local"):
         spark.sparkContext.addPyFile(package_zip())
-    register_sources(spark)
     return spark
 
 

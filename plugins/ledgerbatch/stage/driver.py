@@ -1,6 +1,8 @@
-"""Staging, driver side: start an attempt's staging tasks (tasks.py, sink.py) and record what they staged.
+"""Staging, driver side: start an attempt's staging tasks (tasks.py) and record what they staged.
 
 Nothing is collected to the driver but counts: executors read Kafka and COPY into PostgreSQL themselves.
+Every path is one Spark job of Arrow-in, Arrow-out Python tasks whose counts the driver records once all
+of them succeeded, so a failed or retried task never leaves a count behind.
 """
 from __future__ import annotations
 
@@ -8,23 +10,22 @@ import functools
 
 from sqlalchemy.engine import Engine
 
-from ledgerbatch.formats.parse import parse_batches, staged_struct
-from ledgerbatch.ledger.batches import mark_staged
-from ledgerbatch.source.reader import KAFKA_RANGES
+from ledgerbatch.formats.parse import staged_struct
+from ledgerbatch.ledger.batches import mark_staged, staged_reads
+from ledgerbatch.model.reconcile import query_counts
 from ledgerbatch.spark.session import is_connect
 from ledgerbatch.spec.pipeline import PipelineSpec
-from ledgerbatch.stage.job import COUNTS, StagingJob
-from ledgerbatch.stage.sink import STAGING_SINK
-from ledgerbatch.stage.tasks import stage_bad_records, stage_ranges
+from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob
+from ledgerbatch.stage.tasks import parse_good_rows, parse_ranges, stage_output, stage_parsed, stage_ranges
 from ledgerbatch.stage.transform import run_query
 
 
-def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob, db_url: str) -> None:
+def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
     """Stage every range of the job; the batch is `staged` with its counts when this returns."""
     if spec.query is not None:
-        _stage_query(spark, spec, job, db_url)
+        _stage_query(spark, engine, spec, job)
     elif spec.transform:
-        _stage_dataframe(spark, spec, job, db_url)
+        _stage_dataframe(spark, engine, spec, job)
     else:
         _stage_direct(spark, engine, job)
 
@@ -34,44 +35,47 @@ def _stage_direct(spark, engine: Engine, job: StagingJob) -> None:
     keep every core busy while sparing each range a task's start-up (Kafka and PostgreSQL connections)."""
     tasks = min(len(job.ranges), 2 * default_parallelism(spark))
     task = functools.partial(stage_ranges, job=job)
-    rows = spark.range(0, len(job.ranges), 1, tasks).mapInArrow(task, COUNTS).collect()
+    _mark_ranges(engine, job, _over_ranges(spark, job, tasks).mapInArrow(task, COUNTS).collect())
+
+
+def _stage_dataframe(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
+    """The transform is per-column Spark SQL: parsed rows go through a DataFrame and back to Python tasks
+    that stage them, one range per task (a range is staged in one transaction)."""
+    parse = functools.partial(parse_ranges, job=job)
+    parsed = _over_ranges(spark, job, len(job.ranges)).mapInArrow(
+        parse, staged_struct(job.columns, job.metadata, job.changes))
+    stage = functools.partial(stage_parsed, job=job)
+    _mark_ranges(engine, job, apply_transform(parsed, spec).mapInArrow(stage, COUNTS).collect())
+
+
+def _mark_ranges(engine: Engine, job: StagingJob, rows: list) -> None:
     counts = {(r.topic, r.partition): (r.rows, r.bad, r.deleted, r.skipped) for r in rows if r.rows}
     with engine.begin() as conn:
         mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, counts)
 
 
-def _stage_dataframe(spark, spec: PipelineSpec, job: StagingJob, db_url: str) -> None:
-    """The transform is per-column Spark SQL: rows go through a DataFrame from the range reader to the
-    staging sink, whose commit records the counts."""
-    parse = functools.partial(parse_batches, columns=job.columns, required=job.required, fmt=job.fmt,
-                              options=job.format_options, metadata=job.metadata, changes=job.changes)
-    parsed = _read(spark, job).mapInArrow(parse, staged_struct(job.columns, job.metadata, job.changes))
-    _write(apply_transform(parsed, spec), job, db_url)
-
-
-def _stage_query(spark, spec: PipelineSpec, job: StagingJob, db_url: str) -> None:
+def _stage_query(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
     """The transform is a query over `batch`: each range's bad records and counts are staged as it is
-    parsed, the query's output goes to the staging sink, whose commit records the counts."""
-    stage_bad = functools.partial(stage_bad_records, job=job)
-    good = _read(spark, job).mapInArrow(stage_bad, staged_struct(job.columns, job.metadata))
-    _write(run_query(spark, good, spec).select(*job.output), job, db_url)
+    parsed, the query's output by Python tasks after it; then the attempt's reads and output are recorded."""
+    good = functools.partial(parse_good_rows, job=job)
+    tasks = min(len(job.ranges), 2 * default_parallelism(spark))
+    parsed = _over_ranges(spark, job, tasks).mapInArrow(good, staged_struct(job.columns, job.metadata))
+    stage = functools.partial(stage_output, job=job)
+    output = run_query(spark, parsed, spec).select(*job.output).mapInArrow(stage, OUTPUT_COUNTS).collect()
+    with engine.begin() as conn:
+        reads = staged_reads(conn, job.batch_id, job.attempt)
+        unread = [str(r) for r in job.ranges if r.topic_partition not in reads]
+        if unread:
+            raise RuntimeError(f"the query did not read every range to its end ({', '.join(unread)}): "
+                               f"a LIMIT cannot be part of a pipeline's transform")
+        filtered, groups = query_counts(reads, sum(r.rows for r in output), job.aggregate)
+        mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, reads,
+                    filtered=filtered, groups=groups)
 
 
-def _read(spark, job: StagingJob):
-    """The job's ranges through the range reader (source/reader.py), one input partition per range."""
-    import json
-
-    return (
-        spark.read.format(KAFKA_RANGES)
-        .option("ranges", json.dumps([r.to_dict() for r in job.ranges]))
-        .option("kafka", json.dumps(job.kafka))
-        .option("stall_timeout_s", str(job.stall_timeout_s))
-        .load()
-    )
-
-
-def _write(df, job: StagingJob, db_url: str) -> None:
-    df.write.format(STAGING_SINK).mode("append").option("job", job.encode()).option("db_url", db_url).save()
+def _over_ranges(spark, job: StagingJob, tasks: int):
+    """One row per range of the job, the range's index, in `tasks` slices: the tasks read their ranges."""
+    return spark.range(0, len(job.ranges), 1, tasks)
 
 
 def apply_transform(df, spec: PipelineSpec):

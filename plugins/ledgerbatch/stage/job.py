@@ -2,15 +2,13 @@
 into."""
 from __future__ import annotations
 
-import base64
-import pickle
 from dataclasses import dataclass
 
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from ledgerbatch.formats.schema import COORDINATE_NAMES, Column
 from ledgerbatch.model.ranges import OffsetRange
-from ledgerbatch.model.statements import StagedMarkStatements, StagingStatements
+from ledgerbatch.model.statements import StagingStatements
 
 COUNTS = StructType([
     StructField("topic", StringType(), False),
@@ -21,6 +19,7 @@ COUNTS = StructType([
     StructField("skipped", LongType(), False),
 ])
 
+OUTPUT_COUNTS = StructType([StructField("rows", LongType(), False)])  # a query's output rows one task staged
 
 BAD_COLUMNS = COORDINATE_NAMES + ("_error", "_key", "_value")
 
@@ -38,7 +37,7 @@ class StagingTable:
 
 @dataclass(frozen=True)
 class StagingJob:
-    """One attempt's staging, as every task and the sink's commit see it (pickled to executors)."""
+    """One attempt's staging, as every task sees it (pickled to executors)."""
     batch_id: int
     attempt: int
     ranges: tuple[OffsetRange, ...]
@@ -50,14 +49,6 @@ class StagingJob:
     format_options: dict
     metadata: tuple[str, ...]  # Kafka metadata columns (spec.metadata)
     table: StagingTable
-    mark: StagedMarkStatements
     output: tuple[str, ...] = ()  # query pipelines: the output columns, in the COPY's order
     aggregate: bool = False  # the output is groups, not rows of records
     changes: bool = False  # every record is a change (spec.changes): rows carry parse.CHANGE
-
-    def encode(self) -> str:
-        return base64.b64encode(pickle.dumps(self)).decode()
-
-    @staticmethod
-    def decode(text: str) -> "StagingJob":
-        return pickle.loads(base64.b64decode(text))

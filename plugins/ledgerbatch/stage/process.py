@@ -19,7 +19,7 @@ from ledgerbatch.errors import (
     ReconcileError,
 )
 from ledgerbatch.formats.schema import schema_ddl
-from ledgerbatch.ledger.batches import begin_attempt, get_batch, mark_failed, pin_spec_version, staged_mark_statements
+from ledgerbatch.ledger.batches import begin_attempt, get_batch, mark_failed, pin_spec_version
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.model.reconcile import Counts, check_error_budget
 from ledgerbatch.source.kafka import consumer_config
@@ -67,13 +67,12 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         columns=spec.columns, required=spec.required, fmt=spec.format, format_options=dict(spec.format_options),
         metadata=spec.metadata,
         table=table,
-        mark=staged_mark_statements(),
         output=output_order(target) if output is not None else (), aggregate=spec.mode == "aggregate",
         changes=spec.changes,
     )
     try:
         with AttemptLease(engine, batch_id, attempt):
-            stage_batch(spark, engine, spec, job, db_url)
+            stage_batch(spark, engine, spec, job)
     except Exception as exc:
         reason = spark_error_reason(exc)
         with engine.begin() as conn:

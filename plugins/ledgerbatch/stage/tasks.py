@@ -4,11 +4,12 @@ Good rows go to `bN_aM` in the target's shape (an append commit attaches that ta
 partition), bad records to `bN_aM_bad`. Each range is staged in one transaction that first deletes
 what an earlier try of it left, so a retried task never duplicates.
 
-Two ways in: `stage_ranges` reads, decodes, parses and stages whole ranges inside one Python task
-(no round trip through the JVM); `StagingSink` stages a DataFrame, for pipelines whose transform is
-Spark SQL (sink.py). A query transform (transform.py) may drop, multiply or group records, so its pipelines
-stage each range's bad records and read counts before the query (`stage_bad_records`) and the
-query's output after it. The driver side (driver.py) starts them and records the counts.
+Every range is read and parsed inside a Python task, so raw values never cross into the JVM. Without a
+transform, `stage_ranges` also stages them there. A per-column transform (Spark SQL) gets the parsed rows
+(`parse_ranges`) and `stage_parsed` stages its output. A query transform (transform.py) may drop,
+multiply or group records, so its pipelines stage each range's bad records and read counts as they are
+parsed (`parse_good_rows`) and the query's output after it (`stage_output`). The driver side (driver.py)
+starts them and records the counts.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Iterator
 
 from ledgerbatch.formats.schema import COORDINATE_NAMES
 from ledgerbatch.model.statements import StagingStatements
-from ledgerbatch.stage.job import BAD_COLUMNS, COUNTS, StagingJob, StagingTable
+from ledgerbatch.stage.job import BAD_COLUMNS, COUNTS, OUTPUT_COUNTS, StagingJob, StagingTable
 
 
 def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, int, int, int] | None:
@@ -98,53 +99,91 @@ def _csv_ready(array):
 
 def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     """mapInArrow body over spark.range(len(job.ranges)): read, parse and stage the ranges of this task."""
+    parser = _parser(job)
+    for rng in _ranges_of(ids, job):
+        yield _counts(copy_range(_parsed(rng, parser, job), job.table) or (rng.topic, rng.partition, 0, 0, 0, 0))
+
+
+def parse_ranges(ids: Iterator, job: StagingJob) -> Iterator:
+    """mapInArrow body of a per-column-transform pipeline over spark.range(len(job.ranges)) in one slice per
+    range: read and parse the task's range, every row on to the transform, then to `stage_parsed`, which
+    stages the bad ones too. Raw values never cross into the JVM."""
+    parser = _parser(job)
+    for rng in _ranges_of(ids, job):
+        yield from _parsed(rng, parser, job)
+
+
+def parse_good_rows(ids: Iterator, job: StagingJob) -> Iterator:
+    """mapInArrow body of a query pipeline over spark.range(len(job.ranges)): read and parse the task's
+    ranges, COPY each range's bad records and record what was read (ledger/batches.py: staged_reads) in one
+    transaction per range, and pass the good rows on to the query. A range that is not read to its end
+    (a LIMIT in the query) records nothing, and the batch fails."""
+    import psycopg2
+
+    parser = _parser(job)
+    sql = job.table.statements
+    for rng in _ranges_of(ids, job):
+        where = {"topic": rng.topic, "partition": rng.partition}
+        records = bad = 0
+        conn = psycopg2.connect(job.table.dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql.lock, {"lock": f"{job.table.name}|{rng.topic}|{rng.partition}"})
+                cur.execute(sql.delete_bad, where)
+                for batch in _parsed(rng, parser, job):
+                    records += batch.num_rows
+                    batch, nbad = _stage_bad(cur, sql, batch)
+                    bad += nbad
+                    if batch.num_rows:
+                        yield batch
+                cur.execute(sql.record_read, {**where, "batch_id": job.batch_id, "attempt": job.attempt,
+                                              "records": records, "bad": bad})
+        finally:
+            conn.close()
+
+
+def stage_parsed(batches: Iterator, job: StagingJob) -> Iterator:
+    """mapInArrow body after a per-column transform: stage the task's ONE range (its parsed rows, bad ones
+    apart) as `stage_ranges` does, and give its counts."""
+    counts = copy_range(batches, job.table)
+    if counts is not None:
+        yield _counts(counts)
+
+
+def _counts(counts: tuple):
+    """One range's counts as the COUNTS row its task returns."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from ledgerbatch.formats.parse import make_parser
-    from ledgerbatch.source.reader import read_messages
+    return pa.RecordBatch.from_pylist([dict(zip(COUNTS.names, counts))], schema=to_arrow_schema(COUNTS))
 
-    schema = to_arrow_schema(COUNTS)
-    parser = make_parser(job.columns, job.required, job.fmt, job.format_options, job.metadata, job.changes)
+
+def stage_output(batches: Iterator, job: StagingJob) -> Iterator:
+    """mapInArrow body after a query: stage the task's share of the output (copy_output), give its rows."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    yield pa.RecordBatch.from_pylist([{"rows": copy_output(batches, job)}], schema=to_arrow_schema(OUTPUT_COUNTS))
+
+
+def _parser(job: StagingJob):
+    from ledgerbatch.formats.parse import make_parser
+
+    return make_parser(job.columns, job.required, job.fmt, job.format_options, job.metadata, job.changes)
+
+
+def _ranges_of(ids: Iterator, job: StagingJob) -> Iterator:
     for id_batch in ids:
         for i in id_batch.column(0).to_pylist():
-            rng = job.ranges[i]
-            parsed = (parser.parse(rng.topic, rng.partition, records)
-                      for records in read_messages(rng, job.kafka, job.stall_timeout_s, bool(job.metadata)))
-            counts = copy_range(parsed, job.table) or (rng.topic, rng.partition, 0, 0, 0, 0)
-            yield pa.RecordBatch.from_pylist([dict(zip(COUNTS.names, counts))], schema=schema)
+            yield job.ranges[i]
 
 
-def stage_bad_records(batches: Iterator, job: StagingJob) -> Iterator:
-    """mapInArrow body of a query pipeline over ONE range's raw records: parse, COPY the bad records
-    and record what was read (ledger/batches.py: staged_reads) in one transaction, and pass the good rows on. A
-    task that is not read to its end (a LIMIT in the query) records nothing, and the batch fails."""
-    import psycopg2
-    from pyspark import TaskContext
+def _parsed(rng, parser, job: StagingJob) -> Iterator:
+    """The parsed Arrow batches of one range, read from Kafka in chunks."""
+    from ledgerbatch.source.reader import read_messages
 
-    from ledgerbatch.formats.parse import parse_batches
-
-    rng = job.ranges[TaskContext.get().partitionId()]  # the reader has one input partition per range
-    parsed = parse_batches(batches, job.columns, job.required, job.fmt, job.format_options, job.metadata)
-    sql, where = job.table.statements, {"topic": rng.topic, "partition": rng.partition}
-    records = bad = 0
-    conn = psycopg2.connect(job.table.dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute(sql.lock, {"lock": f"{job.table.name}|{rng.topic}|{rng.partition}"})
-            cur.execute(sql.delete_bad, where)
-            for batch in parsed:
-                if (batch.column("_topic")[0].as_py(), batch.column("_partition")[0].as_py()) != rng.topic_partition:
-                    raise RuntimeError(f"the staging task of {rng} got records of another partition")
-                records += batch.num_rows
-                batch, nbad = _stage_bad(cur, sql, batch)
-                bad += nbad
-                if batch.num_rows:
-                    yield batch
-            cur.execute(sql.record_read, {**where, "batch_id": job.batch_id, "attempt": job.attempt,
-                                          "records": records, "bad": bad})
-    finally:
-        conn.close()
+    for records in read_messages(rng, job.kafka, job.stall_timeout_s, bool(job.metadata)):
+        yield parser.parse(rng.topic, rng.partition, records)
 
 
 def copy_output(batches: Iterator, job: StagingJob) -> int:
@@ -171,9 +210,3 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
     finally:
         conn.close()
     return rows
-
-
-
-
-
-
