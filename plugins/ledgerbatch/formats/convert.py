@@ -26,6 +26,12 @@ from ledgerbatch.formats.schema import Column
 _INT_BOUNDS = {"SMALLINT": 2**15, "INT": 2**31, "BIGINT": 2**63}
 _FLOAT_MAX = 3.4028234663852886e38
 _WIDE = Context(prec=100)  # room to round any value that can fit DECIMAL(38, s) before the range check
+# The range of Python's datetime and date, which every TIMESTAMP and DATE value passes through here: in
+# microseconds and days since the epoch, for the chunk paths (json_columns.py, avro_columns.py).
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+MIN_US = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc) - _EPOCH) // dt.timedelta(microseconds=1)
+MAX_US = (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc) - _EPOCH) // dt.timedelta(microseconds=1)
+MIN_DAY, MAX_DAY = (dt.date(1, 1, 1) - _EPOCH.date()).days, (dt.date(9999, 12, 31) - _EPOCH.date()).days
 
 
 

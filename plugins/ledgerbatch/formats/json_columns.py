@@ -11,11 +11,11 @@ tests/unit/test_json_columns.py holds the two paths to the same answers.
 """
 from __future__ import annotations
 
-import datetime as dt
 import io
 import re
 from decimal import Decimal
 
+from ledgerbatch.formats.convert import MAX_DAY, MAX_US, MIN_DAY, MIN_US
 from ledgerbatch.formats.decoders.json import JsonDecoder
 from ledgerbatch.formats.schema import Column
 
@@ -30,26 +30,23 @@ _DEEP, _LONG_INT = 400, 4300
 # is past Decimal's (1e-40056105555952976624); an RE2 pattern over each value, wherever it is.
 _SUSPECT = r"[:,\[]\s*-?(?:NaN|Inf)|[eE][+-]?0*[0-9]{18}"
 _LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (_LONG_INT + 1))
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_MIN_US = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc) - _EPOCH) // dt.timedelta(microseconds=1)
-_MAX_US = (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc) - _EPOCH) // dt.timedelta(microseconds=1)
-_MIN_DAY, _MAX_DAY = (dt.date(1, 1, 1) - _EPOCH.date()).days, (dt.date(9999, 12, 31) - _EPOCH.date()).days
 
 
 class JsonColumns:
     """The staged columns of a chunk of JSON values, or None where only the per-record path can tell."""
 
     @classmethod
-    def for_parser(cls, columns: tuple[Column, ...], required: tuple[str, ...], decoder, changes: bool):
-        """The shortcut for a parser, or None: plain JSON records (not changes) into flat scalar columns."""
+    def for_parser(cls, parser):
+        """The shortcut for a parse.Parser, or None: plain JSON records (not changes) into flat scalar columns."""
         import pyarrow as pa
 
-        if changes or type(decoder) is not JsonDecoder or not columns or pa.__version__.split(".")[0] != _ARROW:
+        columns = parser.columns
+        if parser.changes or type(parser.decoder) is not JsonDecoder or not columns or pa.__version__.split(".")[0] != _ARROW:
             return None
         if any(c.type not in _INTS and c.type not in ("STRING", "BOOLEAN", "DOUBLE", "FLOAT", "DECIMAL",
                                                       "TIMESTAMP", "DATE") for c in columns):
             return None
-        return cls(columns, required)
+        return cls(columns, parser.required)
 
     def __init__(self, columns: tuple[Column, ...], required: tuple[str, ...]):
         import pyarrow as pa
@@ -154,13 +151,13 @@ def _staged(col: Column, array, pa, pc):
             return None
         return array.cast(pa.decimal128(col.precision, col.scale))
     if col.type == "TIMESTAMP":
-        return array if _within(array.cast(pa.int64()), _MIN_US, _MAX_US, pc) else None
+        return array if _within(array.cast(pa.int64()), MIN_US, MAX_US, pc) else None
     if col.type == "DATE":
         try:
             dates = pc.cast(array, pa.date32())
         except pa.ArrowInvalid:
             return None
-        return dates if _within(dates.cast(pa.int32()), _MIN_DAY, _MAX_DAY, pc) else None
+        return dates if _within(dates.cast(pa.int32()), MIN_DAY, MAX_DAY, pc) else None
     return array
 
 

@@ -6,7 +6,7 @@ module only lays the result out as the Arrow batch a staging task copies.
 from __future__ import annotations
 
 import base64
-from typing import Callable, Iterator
+from typing import Callable
 
 from pyspark.sql.types import (
     BooleanType,
@@ -24,6 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ledgerbatch.formats.avro_columns import AvroColumns
 from ledgerbatch.formats.bad_value import BadValue
 from ledgerbatch.formats.convert import converter, dumps, show
 from ledgerbatch.formats.decoders.base import DELETE, SKIP, Decoder
@@ -121,7 +122,9 @@ class Parser:
         self.fields = [(c.name, convert) for c, convert in zip(columns, self.converters)]
         self.required_at = [(i, c.name) for i, c in enumerate(columns) if c.name in required]
         self.empty_row = (None,) * len(columns)
-        self.chunked = JsonColumns.for_parser(columns, required, self.decoder, changes)  # None: record by record
+        self.required = required
+        # A whole chunk at a time where the format has a way (None: record by record).
+        self.chunked = JsonColumns.for_parser(self) or AvroColumns.for_parser(self)
 
     def _row(self, raw: bytes | None) -> list | tuple:
         return self._typed(self.decoder.decode(raw))
@@ -206,19 +209,3 @@ def make_parser(columns: tuple[Column, ...], required: tuple[str, ...], fmt: str
                 metadata: tuple[str, ...], changes: bool = False) -> "Parser":
     decoder = make_change_decoder(fmt, options) if changes else make_decoder(fmt, options)
     return Parser(columns, required, decoder, metadata, changes)
-
-
-def parse_batches(batches: Iterator, columns: tuple[Column, ...], required: tuple[str, ...] = (),
-                  fmt: str = "json", options: dict | None = None, metadata: tuple[str, ...] = (),
-                  changes: bool = False) -> Iterator:
-    """mapInArrow body: raw Kafka record batches (source.RAW_SCHEMA) -> staged rows."""
-    parser = make_parser(columns, required, fmt, options, metadata, changes)
-    for batch in batches:
-        if batch.num_rows:
-            if len(batch.column("partition").unique()) != 1 or len(batch.column("topic").unique()) != 1:
-                raise RuntimeError("a parse task got records of two partitions in one batch")
-            headers = [None if h is None else [(x["key"], x["value"]) for x in h]
-                       for h in batch.column("headers").to_pylist()]
-            records = Records(batch.column("offset").to_pylist(), batch.column("key").to_pylist(),
-                              batch.column("value").to_pylist(), batch.column("timestamp").to_pylist(), headers)
-            yield parser.parse(batch.column("topic")[0].as_py(), batch.column("partition")[0].as_py(), records)

@@ -28,7 +28,11 @@ class WriterSchemas:
 
     def text(self, sid: int) -> str:
         """The writer schema's JSON text (from the client's cache once read)."""
-        return self._client.get_schema(sid).schema_str
+        return self.registered(sid).schema_str
+
+    def registered(self, sid: int):
+        """The writer schema as the registry has it (text and references), from the client's cache once read."""
+        return self._client.get_schema(sid)
 
     def _read(self, raw: bytes):
         from confluent_kafka.schema_registry import dual_schema_id_deserializer
@@ -46,10 +50,10 @@ class WriterSchemas:
 
 class AvroDecoder:
     def __init__(self, options: dict):
-        self._writers = WriterSchemas(options)
+        self.writers = WriterSchemas(options)  # formats/avro_columns.py reads whole chunks with them
 
     def decode(self, raw: bytes | None) -> dict:
-        record, _ = self._writers.read(raw)
+        record, _ = self.writers.read(raw)
         if not isinstance(record, dict):
             raise BadValue(f"value is an Avro {type(record).__name__}, not a record")
         return record
