@@ -1,9 +1,11 @@
-"""The transform paths beside the floor, one run on the same data (issue #25): the floor, the warm JSON append,
-the warm per-minute aggregate (totals checked against the produced values) and the warm filter.
+"""The transform and Avro paths beside the floor, one run on the same data (issue #25): the floor, the warm
+JSON append, the warm per-minute aggregate (totals checked against the produced values), the warm filter
+and the warm Avro append (the same orders as Avro values through the dev registry).
 
-    python -m bench.paths [--records N] [--partitions P] [--runs R] [--broker kafka|mock]
+    python -m bench.paths [--records N] [--partitions P] [--runs R] [--broker kafka|mock] [--paths a,b]
 
-Prints each contender's median wall and its ratio to the floor's; writes nothing. The full report with
+Prints each contender's median wall, its ratio to the floor's and its time a record; writes nothing.
+Each run runs every chosen contender once, in turn. The full report with
 every contender is bench.run (`make bench`).
 """
 from __future__ import annotations
@@ -15,12 +17,17 @@ import tempfile
 from pathlib import Path
 
 from ledgerbatch.dev.demodata import produce_orders
+from ledgerbatch.dev.registry import DevRegistry
 
 from . import floor, lb, transforms
+from .avro import AvroOrders
 from .common import BROKERS, DB_PREFIX, BrokerProcess, check_retained
-from .run import drop_databases
+from .run import AVRO_TOPIC, drop_databases
 
 TOPIC = "bench"
+
+
+PATHS = ("floor", "json append", "aggregate", "filter", "avro append")
 
 
 def main() -> None:
@@ -29,27 +36,26 @@ def main() -> None:
     p.add_argument("--partitions", type=int, default=32)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--broker", choices=sorted(BROKERS), default="kafka")
+    p.add_argument("--paths", type=lambda v: v.split(","), default=list(PATHS),
+                   help=f"comma-separated, of {', '.join(PATHS)} (the floor always runs); default all")
     args = p.parse_args()
+    unknown = set(args.paths) - set(PATHS)
+    if unknown:
+        p.error(f"unknown paths: {', '.join(sorted(unknown))}")
     workdir = Path(tempfile.mkdtemp(prefix="lb_paths_"))
-    broker = BrokerProcess({TOPIC: args.partitions}, args.broker)
-    walls: dict[str, list[float]] = {"floor": [], "json append": [], "aggregate": [], "filter": []}
+    broker = BrokerProcess({TOPIC: args.partitions, AVRO_TOPIC: args.partitions}, args.broker)
+    registry = DevRegistry()
+    walls: dict[str, list[float]] = {k: [] for k in PATHS if k == "floor" or k in args.paths}
     try:
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
         check_retained(broker.bootstrap, TOPIC, args.records)
-        groups, kept = transforms.expected_groups(args.records), transforms.expected_filtered_rows(args.records)
+        run = _contenders(broker.bootstrap, registry, workdir, args)
         for i in range(args.runs):
-            walls["floor"].append(floor.run(broker.bootstrap, TOPIC, args.partitions, f"{DB_PREFIX}floor")["wall_s"])
-            warm = lb.run_warm(broker.bootstrap, TOPIC, f"{DB_PREFIX}warm", workdir, args.records)
-            aggregate = transforms.run_aggregate_warm(broker.bootstrap, TOPIC, f"{DB_PREFIX}aggregate", workdir,
-                                                      args.records, groups)
-            filtered = transforms.run_filter_warm(broker.bootstrap, TOPIC, f"{DB_PREFIX}filter", workdir, args.records)
-            if not aggregate["totals_equal"] or filtered["rows"] != kept or warm["rows"] != args.records:
-                raise SystemExit(f"wrong result: aggregate totals equal {aggregate['totals_equal']}, filter rows "
-                                 f"{filtered['rows']} of {kept}, append rows {warm['rows']} of {args.records}")
-            for key, result in (("json append", warm), ("aggregate", aggregate), ("filter", filtered)):
-                walls[key].append(result["wall_s"])
+            for key in walls:
+                walls[key].append(run[key]())
             print(f"run {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in walls.items()), flush=True)
     finally:
+        registry.stop()
         broker.close()
         shutil.rmtree(workdir, ignore_errors=True)
         drop_databases()
@@ -57,7 +63,45 @@ def main() -> None:
     print(f"\n{args.records:,} records, {args.partitions} partitions, {args.broker} broker, medians of {args.runs}:")
     for key, values in walls.items():
         print(f"  {key}: {statistics.median(values):.2f} s ({', '.join(f'{v:.2f}' for v in values)}), "
-              f"{statistics.median(values) / base:.2f}x the floor")
+              f"{statistics.median(values) / base:.2f}x the floor, {statistics.median(values) / args.records * 1e6:.2f} us a record")
+    if {"avro append", "json append"} <= set(walls):
+        print(f"  avro append / json append: "
+              f"{statistics.median(walls['avro append']) / statistics.median(walls['json append']):.2f}x")
+
+
+def _contenders(bootstrap: str, registry: DevRegistry, workdir: Path, args) -> dict:
+    """Path -> a function that runs it once, checks its result and returns its wall seconds."""
+    records = args.records
+
+    def checked(result: dict, ok: bool, what: str) -> float:
+        if not ok:
+            raise SystemExit(f"wrong result: {what}")
+        return result["wall_s"]
+
+    def aggregate() -> float:
+        result = transforms.run_aggregate_warm(bootstrap, TOPIC, f"{DB_PREFIX}aggregate", workdir, records, groups)
+        return checked(result, result["totals_equal"], "the aggregate's totals differ from the produced values'")
+
+    def filtered() -> float:
+        result = transforms.run_filter_warm(bootstrap, TOPIC, f"{DB_PREFIX}filter", workdir, records)
+        return checked(result, result["rows"] == kept, f"the filter kept {result['rows']} rows of {kept}")
+
+    def warm() -> float:
+        result = lb.run_warm(bootstrap, TOPIC, f"{DB_PREFIX}warm", workdir, records)
+        return checked(result, result["rows"] == records, f"JSON append wrote {result['rows']} rows of {records}")
+
+    def avro_warm() -> float:
+        result = avro.run_warm(f"{DB_PREFIX}avro", workdir, records)
+        return checked(result, result["rows"] == records, f"Avro append wrote {result['rows']} rows of {records}")
+
+    groups = transforms.expected_groups(records) if "aggregate" in args.paths else None
+    kept = transforms.expected_filtered_rows(records) if "filter" in args.paths else None
+    avro = None
+    if "avro append" in args.paths:
+        avro = AvroOrders(bootstrap, registry, AVRO_TOPIC, records, args.partitions)
+        check_retained(bootstrap, AVRO_TOPIC, records)
+    return {"floor": lambda: floor.run(bootstrap, TOPIC, args.partitions, f"{DB_PREFIX}floor")["wall_s"],
+            "json append": warm, "aggregate": aggregate, "filter": filtered, "avro append": avro_warm}
 
 
 if __name__ == "__main__":
