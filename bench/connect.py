@@ -7,7 +7,10 @@ server, against the cold spark-submit path and the 2-process floor (bench/floor.
   `--small-repeats` runs, on the warm Connect server and through cold spark-submit (`spark_default` local[*]);
 - large: `--records` in one batch through the pipeline DAG on the warm server and through cold spark-submit,
   against the floor on the same topic, medians of `--runs` (interleaved per run: floor, Connect, spark-submit);
-  every Connect run is the same pipeline, whose kept session an unmeasured 1,000-record batch warmed first.
+  every Connect run is the same pipeline, whose kept session an unmeasured 1,000-record batch warmed first;
+- `--paths`: the same large batch through the DAG on the warm server for the per-minute aggregate, the filter
+  and the Avro append too (bench/transforms.py, bench/avro.py; results checked as bench.paths checks them),
+  one more pipeline each, warmed the same way, run in turn after the JSON DAG in every run.
 
 Its databases are prefixed `lb_connect_bench_` (not the main bench's `lb_bench_`) and dropped at the end;
 the broker and the Connect server are its children and stopped at the end. Prints one JSON document.
@@ -42,12 +45,18 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from . import floor  # noqa: E402
+from ledgerbatch.dev.registry import DevRegistry  # noqa: E402
 from ledgerbatch.spark.server import LocalConnectServer  # noqa: E402
 
+from . import transforms  # noqa: E402
+from .avro import AvroOrders  # noqa: E402
 from .common import BIN, BROKERS, DB_PREFIX, SERVER_URL, BrokerProcess, check_retained, count_rows, fresh_database  # noqa: E402
 from .lb import write_spec  # noqa: E402
 
-TOPIC, SMALL_TOPIC = "connect_orders", "connect_small"
+TOPIC, SMALL_TOPIC, AVRO_TOPIC = "connect_orders", "connect_small", "connect_avro"
+# --paths beyond the JSON DAG: (topic, spec extra, with the registry)
+PATHS = {"aggregate": (TOPIC, transforms.AGGREGATE, False), "filter": (TOPIC, transforms.FILTER, False),
+         "avro": (AVRO_TOPIC, None, True)}
 
 
 def connections(db_url: str, bootstrap: str, remote: str | None) -> None:
@@ -117,14 +126,19 @@ def small_runs(bootstrap: str, workdir: Path, remote: str | None, repeats: int, 
 
 
 def large_runs(bootstrap: str, workdir: Path, remote: str, runs: int, records: int, partitions: int,
-               cold: bool) -> dict:
-    """Per run, on the same topic: the floor, the DAG on the warm server, and (`cold`) the DAG through spark-submit."""
+               cold: bool, paths: list[str], registry_url: str | None) -> dict:
+    """Per run, on the same topic: the floor, the DAG on the warm server, (`cold`) the DAG through spark-submit,
+    then each of `paths` through the DAG on the warm server."""
     floors, dags, colds = [], [], []
-    # One pipeline, as a scheduled one runs again and again: its kept Connect session is warm from an
+    by_path: dict[str, list[dict]] = {path: [] for path in paths}
+    # One pipeline per path, as a scheduled one runs again and again: its kept Connect session is warm from an
     # unmeasured first batch (of 1,000 records); each run below starts on a fresh ledger all the same.
-    connections(ledger_db(f"{DB_PREFIX}large_connect"), bootstrap, remote)
-    write_spec(workdir / "large", "connect_large", TOPIC, 1000)
-    dag_run(workdir / "large", "connect_large")
+    for name, topic, extra, avro in [("connect_large", TOPIC, None, False)] + [
+            (f"{path}_large", *PATHS[path]) for path in paths]:
+        connections(ledger_db(f"{DB_PREFIX}large_{name}"), bootstrap, remote)
+        write_spec(workdir / "large", name, topic, 1000, registry_url if avro else None, extra)
+        dag_run(workdir / "large", name)
+    check = _checks(records, paths)
     for i in range(runs):
         floors.append(floor.run(bootstrap, TOPIC, partitions, f"{DB_PREFIX}floor"))
         if floors[-1]["rows"] != records:
@@ -140,7 +154,39 @@ def large_runs(bootstrap: str, workdir: Path, remote: str, runs: int, records: i
             if rows != records:
                 raise RuntimeError(f"the {path} DAG delivered {rows} of {records}")
             print(f"  {path} DAG run {i + 1}: {into[-1]}", flush=True)
-    return {"floor": floors, "dag": dags, "cold": colds}
+        for path in paths:
+            name, (topic, extra, avro) = f"{path}_large", PATHS[path]
+            url = ledger_db(f"{DB_PREFIX}large_{path}")
+            connections(url, bootstrap, remote)
+            write_spec(workdir / "large", name, topic, records, registry_url if avro else None, extra)
+            by_path[path].append(dag_run(workdir / "large", name))
+            check[path](url, f"public.{name}")
+            print(f"  {path} DAG run {i + 1}: {by_path[path][-1]}", flush=True)
+    return {"floor": floors, "dag": dags, "cold": colds, "paths": by_path}
+
+
+def _checks(records: int, paths: list[str]) -> dict:
+    """Path -> check(url, table): raises unless the path's target holds what its records make."""
+    def rows(url: str, table: str, want: int, what: str) -> None:
+        got = count_rows(url, table)
+        if got != want:
+            raise RuntimeError(f"the {what} DAG delivered {got} rows of {want}")
+
+    def aggregate(url: str, table: str) -> None:
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                got = {(r.customer, r.minute): (r.orders, r.revenue, r.smallest, r.largest) for r in conn.execute(
+                    text(f"SELECT customer, minute, orders, revenue, smallest, largest FROM {table}"))}
+        finally:
+            engine.dispose()
+        if got != groups:
+            raise RuntimeError("the aggregate DAG's totals differ from those of the produced values")
+
+    groups = transforms.expected_groups(records) if "aggregate" in paths else None
+    kept = transforms.expected_filtered_rows(records) if "filter" in paths else None
+    return {"aggregate": aggregate, "filter": lambda url, table: rows(url, table, kept, "filter"),
+            "avro": lambda url, table: rows(url, table, records, "Avro")}
 
 
 def median(runs: list[dict], key: str) -> float:
@@ -166,13 +212,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--broker", choices=sorted(BROKERS), default="kafka")
     parser.add_argument("--skip-cold", action="store_true", help="no cold spark-submit runs")
     parser.add_argument("--skip-large", action="store_true", help="no large-batch runs")
+    parser.add_argument("--paths", type=lambda v: v.split(","), default=[],
+                        help=f"large batches of these paths on the warm server too, comma-separated, of {', '.join(PATHS)}")
     args = parser.parse_args(argv)
+    if set(args.paths) - set(PATHS):
+        parser.error(f"unknown paths: {', '.join(sorted(set(args.paths) - set(PATHS)))}")
     done = subprocess.run([str(BIN / "airflow"), "db", "migrate"], capture_output=True, text=True, env=os.environ)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     workdir = Path(tempfile.mkdtemp(prefix="lb_connect_bench_"))
     load_at_start = os.getloadavg()[0]
-    broker = BrokerProcess({TOPIC: args.partitions, SMALL_TOPIC: 4}, args.broker)
+    broker = BrokerProcess({TOPIC: args.partitions, SMALL_TOPIC: 4, AVRO_TOPIC: args.partitions}, args.broker)
+    registry = DevRegistry()
     server = None
     try:
         print(f"{broker.kind} broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
@@ -180,6 +231,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         produce_orders(broker.bootstrap, TOPIC, args.records, args.partitions)
         check_retained(broker.bootstrap, TOPIC, args.records)
+        if "avro" in args.paths:
+            AvroOrders(broker.bootstrap, registry, AVRO_TOPIC, args.records, args.partitions)
+            check_retained(broker.bootstrap, AVRO_TOPIC, args.records)
         started = time.monotonic()
         server = LocalConnectServer(output=subprocess.DEVNULL)
         print(f"Spark Connect server {server.url} up in {time.monotonic() - started:.1f}s", flush=True)
@@ -196,13 +250,17 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.skip_large:
             print(f"large: {args.records:,} records, the floor and the DAG (warm server, cold spark-submit)", flush=True)
             large = large_runs(broker.bootstrap, workdir, server.url, args.runs, args.records, args.partitions,
-                               not args.skip_cold)
+                               not args.skip_cold, args.paths, registry.url)
             results["large"] = {"floor_s": median(large["floor"], "wall_s"), "dag_committed_s": median(large["dag"], "committed_s"),
                                 "dag_wall_s": median(large["dag"], "wall_s"), "dag_process_s": median(large["dag"], "process_s"),
                                 "runs": large}
             results["large"]["ratio_committed"] = round(results["large"]["dag_committed_s"] / results["large"]["floor_s"], 2)
             results["large"]["ratio_per_run"] = [round(d["committed_s"] / f["wall_s"], 2)
                                                  for d, f in zip(large["dag"], large["floor"])]
+            for path, runs in large["paths"].items():
+                results["large"][f"{path}_committed_s"] = median(runs, "committed_s")
+                results["large"][f"{path}_ratio_committed"] = round(
+                    results["large"][f"{path}_committed_s"] / results["large"]["floor_s"], 2)
             if large["cold"]:
                 results["large"]["cold_committed_s"] = median(large["cold"], "committed_s")
                 results["large"]["cold_ratio_committed"] = round(results["large"]["cold_committed_s"] / results["large"]["floor_s"], 2)
@@ -211,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         if server:
             server.close()
+        registry.stop()
         broker.close()
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(AIRFLOW_HOME, ignore_errors=True)
