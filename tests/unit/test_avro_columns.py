@@ -7,11 +7,12 @@ import json
 import random
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from fastavro import parse_schema, schemaless_writer
 
-from ledgerbatch.formats.avro_columns import AvroColumns
+from ledgerbatch.formats.avro_columns import AvroColumns, _framed
 from ledgerbatch.formats.parse import make_parser
 from ledgerbatch.formats.schema import parse_schema as parse_columns
 from ledgerbatch.source.reader import Records
@@ -55,24 +56,37 @@ def wire(registry):
     return encode
 
 
-def compare(wire, values, ddl=COLUMNS, required=()) -> bool:
-    """Both paths over one chunk; True when the chunk path answered (and agreed)."""
+def compare(wire, values, ddl=COLUMNS, required=()) -> str | bool:
+    """Each chunk way over one chunk against record by record: the whole chunk field by field
+    (avro_vectors.py), then value by value with fastavro; returns the first way that answered ("vectors" or
+    "fastavro"; each that answered agreed), or False."""
     cols = parse_columns(ddl)
     each = make_parser(cols, required, "avro", {"url": wire.url}, ())
     assert isinstance(each.chunked, AvroColumns)
     chunk = each.chunked
     each.chunked = None
     expected = each.parse("t", 0, Records(list(range(len(values))), [None] * len(values), values))
-    got = chunk.arrays(values)
-    if got is None:
-        return False
-    assert expected.column("_error").null_count == len(values), \
-        f"the chunk path took a chunk with a bad record: {expected.column('_error').drop_null().to_pylist()[:3]}"
-    for col, array in zip(cols, got):
-        assert array.type == expected.column(col.name).type, col.name
-        # repr: NaN equals NaN, and -0.0 is not 0.0
-        assert list(map(repr, array.to_pylist())) == list(map(repr, expected.column(col.name).to_pylist())), col.name
-    return True
+    chunk.arrays(values)  # makes the writer schema's plan
+    framed = _framed(values)
+    plan = chunk.plans.get(int.from_bytes(values[0][1:5], "big")) if framed else None
+    vectors = plan.vectors if plan else None
+    ways = {"vectors": chunk._from_vectors(plan, framed, pa) if vectors else None}
+    if plan:
+        plan.vectors = None
+    ways["fastavro"] = chunk.arrays(values)
+    if plan:
+        plan.vectors = vectors
+    for way, got in ways.items():
+        if got is None:
+            continue
+        assert expected.column("_error").null_count == len(values), \
+            f"{way}: took a chunk with a bad record: {expected.column('_error').drop_null().to_pylist()[:3]}"
+        for col, array in zip(cols, got):
+            assert array.type == expected.column(col.name).type, (way, col.name)
+            # repr: NaN equals NaN, and -0.0 is not 0.0
+            assert list(map(repr, array.to_pylist())) == list(map(repr, expected.column(col.name).to_pylist())), \
+                (way, col.name)
+    return next((way for way, got in ways.items() if got is not None), False)
 
 
 def wide(rng: random.Random, **fields) -> dict:
@@ -107,7 +121,7 @@ def test_the_bench_orders_take_the_chunk_path(wire):
         o = json.loads(order(i))
         values.append(wire(ORDER, {**o, "amount": Decimal(o["amount"]), "ts": dt.datetime.fromisoformat(o["ts"])}))
     assert compare(wire, values, "order_id STRING, customer STRING, amount DECIMAL(12,2), ts TIMESTAMP",
-                   required=("order_id",))
+                   required=("order_id",)) == "vectors"
 
 
 def test_random_chunks_of_good_records_take_it_and_agree(wire):
@@ -176,3 +190,67 @@ def test_the_parser_takes_it_for_flat_avro_records_only(wire):
 def test_writer_schemas_it_does_not_map_go_record_by_record(wire, field_type, ddl, value):
     schema = {"type": "record", "name": "U", "fields": [{"name": "u", "type": field_type}]}
     assert not compare(wire, [wire(schema, {"u": value})] * 3, ddl)
+
+
+# WIDE without what whole-chunk reading leaves to fastavro: a 16-byte decimal, an unmapped logical type.
+FLAT = {**WIDE, "name": "Flat", "fields": [f for f in WIDE["fields"] if f["name"] not in ("w", "extra")] + [
+    {"name": "unmapped", "type": ["string", "null"]}, {"name": "raw", "type": ["null", "bytes"]},
+    {"name": "e18", "type": {"type": "bytes", "logicalType": "decimal", "precision": 18, "scale": 0}},
+    {"name": "fx", "type": ["null", {"type": "fixed", "name": "F8", "size": 8, "logicalType": "decimal",
+                                     "precision": 18, "scale": 4}]}]}
+FLAT_COLUMNS = COLUMNS.replace(", w DECIMAL(38,10)", "") + ", e18 DECIMAL(18,0), fx DECIMAL(18,4)"
+
+
+def flat(rng: random.Random, **fields) -> dict:
+    record = {k: v for k, v in wide(rng).items() if k not in ("w", "extra")}
+    record |= {"unmapped": rng.choice([None, "", "späť"]), "raw": rng.choice([None, b"", b"\x00\xff"]),
+               "e18": Decimal(rng.choice([0, -1, 1, 127, -128, 255, -256, 10 ** 18 - 1, -10 ** 18 + 1,
+                                          rng.randrange(-10 ** 18 + 1, 10 ** 18)])),
+               "fx": rng.choice([None, Decimal("0.0000"), Decimal(rng.randrange(-10 ** 14 + 1, 10 ** 14)).scaleb(-4)])}
+    return record | fields
+
+
+def test_random_flat_chunks_are_read_field_by_field_and_agree(wire):
+    rng = random.Random(2511)
+    for _ in range(20):
+        assert compare(wire, [wire(FLAT, flat(rng)) for _ in range(300)], FLAT_COLUMNS) == "vectors"
+    # a decimal written in more than 8 bytes (1 as 00..01): fastavro reads it, whole-chunk reading leaves it
+    long_one = plain_bytes(wire, FLAT, flat(rng), "e18", "bytes", b"\x00" * 8 + b"\x01")
+    assert compare(wire, [wire(FLAT, flat(rng)) for _ in range(5)] + [long_one], FLAT_COLUMNS) == "fastavro"
+
+
+def plain_bytes(wire, schema: dict, record: dict, name: str, plain_type, value) -> bytes:
+    """`record` as `schema`'s writer would frame it, but field `name` written as `plain_type` with `value`."""
+    plain = {**schema, "name": schema["name"] + "Plain", "fields": [
+        f if f["name"] != name else {"name": name, "type": plain_type} for f in schema["fields"]]}
+    return wire(schema, record)[:5] + wire(plain, {**record, name: value})[5:]
+
+
+def test_a_chunk_with_a_value_whole_chunk_reading_cannot_vouch_for_is_not_read_whole(wire):
+    rng = random.Random(11)
+    good = [wire(FLAT, flat(rng)) for _ in range(30)]
+    base = flat(rng)
+    odd = {
+        "text that is not UTF-8, in an unmapped field": plain_bytes(wire, FLAT, base, "unmapped", ["bytes", "null"],
+                                                                     b"\xff\xfe"),
+        "a boolean byte of 2": plain_bytes(wire, FLAT, base, "ok", "int", 1),
+        "a union branch that does not exist": plain_bytes(wire, FLAT, base, "raw", "int", 2),
+        "a varint of 11 bytes": _long_varint(wire(FLAT, {**base, "s": None, "i": 0})),
+        "trailing bytes": wire(FLAT, base) + b"\x00",
+        "truncated": wire(FLAT, base)[:-1],
+        "NUL in mapped text": wire(FLAT, flat(rng, s="a\x00b")),
+        "past SMALLINT": wire(FLAT, flat(rng, h=-2 ** 15 - 1)),
+        "past the last day": plain_bytes(wire, FLAT, base, "day", "int", 2_932_897 + 1),
+        "a millisecond timestamp past year 9999": plain_bytes(wire, FLAT, base, "tm", ["null", "long"], 253_402_300_800_000),
+    }
+    for what, value in odd.items():
+        assert compare(wire, good[:15] + [value] + good[15:], FLAT_COLUMNS) != "vectors", what
+    assert compare(wire, good, FLAT_COLUMNS, required=("s",)) in ("vectors", False)
+    with_null = [wire(FLAT, flat(rng, s="k")) for _ in range(5)] + [wire(FLAT, flat(rng, s=None))]
+    assert not compare(wire, with_null, FLAT_COLUMNS, required=("s",))
+
+
+def _long_varint(value: bytes) -> bytes:
+    """`value` (FLAT, s null, i 0) with i's one-byte varint written in 11 bytes."""
+    assert value[5:7] == b"\x00\x00"  # s: the null branch; i: 0
+    return value[:6] + b"\x80" * 10 + b"\x00" + value[7:]

@@ -16,11 +16,16 @@ import gc
 import io
 import json
 
+from ledgerbatch.formats.avro_vectors import VectorPlan
 from ledgerbatch.formats.decoders.avro import AvroDecoder
 from ledgerbatch.formats.convert import MAX_DAY, MAX_US, MIN_DAY, MIN_US
 from ledgerbatch.formats.schema import Column
 
 _INT_BOUNDS = {"SMALLINT": 1 << 15, "INT": 1 << 31, "BIGINT": 1 << 63}
+# Inclusive bounds of whole-chunk values (avro_vectors.py) by logical type or column type: a millisecond
+# timestamp is bounded before it is made microseconds.
+_VECTOR_BOUNDS = {**{t: (-b, b - 1) for t, b in _INT_BOUNDS.items()}, "timestamp-micros": (MIN_US, MAX_US),
+                  "timestamp-millis": (-(-MIN_US // 1000), MAX_US // 1000), "date": (MIN_DAY, MAX_DAY)}
 # (Avro type, logical type) -> the column types whose staged values it gives, read plainly.
 _PAIRS = {("string", None): {"STRING"}, ("int", None): {"SMALLINT", "INT", "BIGINT"}, ("long", None): {"BIGINT"},
           ("boolean", None): {"BOOLEAN"}, ("double", None): {"DOUBLE"}, ("float", None): {"DOUBLE"},
@@ -52,15 +57,19 @@ class AvroColumns:
         import pyarrow as pa
         from fastavro import schemaless_reader
 
-        ids = {None if v is None or len(v) < 5 or v[0] != 0 else v[1:5] for v in values}
-        if len(ids) != 1 or None in ids:  # a value not in the wire format, or several writer schemas
+        framed = _framed(values)
+        if framed is None:  # a value not in the wire format, or several writer schemas
             return None
-        sid = int.from_bytes(ids.pop(), "big")
+        sid = int.from_bytes(values[0][1:5], "big")
         if sid not in self.plans:
             self.plans[sid] = _Plan.make(self.columns, self.required, self.writers, sid)
         plan = self.plans[sid]
         if plan is None:
             return None
+        if plan.vectors is not None:
+            arrays = self._from_vectors(plan, framed, pa)
+            if arrays is not None:
+                return arrays
         try:
             with _no_gc():
                 records = [schemaless_reader(io.BytesIO(v[5:]), plan.schema, None) for v in values]
@@ -76,15 +85,30 @@ class AvroColumns:
         return out
 
 
+    def _from_vectors(self, plan: "_Plan", framed: tuple, pa) -> list | None:
+        """The staged arrays from avro_vectors.py's read of the whole chunk, or None."""
+        decoded = plan.vectors.read(*framed)
+        if decoded is None:
+            return None
+        out = []
+        for kind, read, got in zip(self.types, plan.reads, decoded):
+            array = pa.nulls(len(framed[1]), kind) if read is None else read.from_vectors(*got, kind)
+            if array is None:
+                return None
+            out.append(array)
+        return out
+
+
 class _Plan:
     """How one writer schema's records are read: the schema without the mapped fields' logical types, and
-    per column its field's read (None: no such field, NULL)."""
+    per column its field's read (None: no such field, NULL); `vectors` reads whole chunks where it can."""
 
-    def __init__(self, schema, reads: list):
+    def __init__(self, schema, reads: list, vectors: VectorPlan | None):
         from operator import itemgetter
 
         self.schema = schema
         self.reads = reads
+        self.vectors = vectors
         names = [read.col.name for read in reads if read is not None]
         # A record's mapped fields as a tuple (itemgetter of one name gives the value itself).
         self.fields = itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],)) if names else None
@@ -98,6 +122,7 @@ class _Plan:
         except Exception:  # an unknown id or an outage: the per-record path tells which
             return None
         record = json.loads(registered.schema_str)
+        vectors = VectorPlan.make(json.loads(registered.schema_str), [c.name for c in columns])
         if registered.references or not isinstance(record, dict) or record.get("type") != "record":
             return None
         fields = {f.get("name"): f for f in record.get("fields", ())}
@@ -109,7 +134,7 @@ class _Plan:
                 return None
             reads.append(read)
         try:
-            return cls(parse_schema(record), reads)
+            return cls(parse_schema(record), reads, vectors)
         except Exception:  # fastavro refuses the schema: the per-record path reports it
             return None
 
@@ -166,6 +191,58 @@ class _Read:
         except (pa.ArrowException, UnicodeError, OverflowError):  # e.g. a lone surrogate: not text
             return None
 
+    def from_vectors(self, values, present, kind):
+        """The staged array from a whole chunk's decoded values (avro_vectors.py), by the same rules as
+        `array`, or None."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        col, missing = self.col, ~present
+        if self.required and missing.any():
+            return None
+        if self.logical == "decimal":
+            return self._vector_decimals(*values, present, kind)
+        if col.type == "STRING":
+            return None if pc.any(pc.match_substring(values, "\x00")).as_py() else values
+        if col.type in _INT_BOUNDS or col.type in ("TIMESTAMP", "DATE"):
+            low, high = _VECTOR_BOUNDS[self.logical or col.type]
+            given = values[present]
+            if given.size and (given.min() < low or given.max() > high):
+                return None
+            if self.logical == "timestamp-millis":
+                values = values * 1000
+            if col.type == "DATE":
+                return pa.array(values.astype(np.int32), pa.int32(), mask=missing).cast(kind)
+            return pa.array(values, pa.int64(), mask=missing).cast(kind)
+        return pa.array(values, kind, mask=missing)
+
+    def _vector_decimals(self, joined, offsets, present, kind):
+        """Big-endian two's-complement unscaled values of up to 8 bytes as decimal128 (wider: None, fastavro's
+        way), within the precision as `_decimals` checks it."""
+        import numpy as np
+        import pyarrow as pa
+
+        sizes = np.diff(offsets)
+        if sizes.size and sizes.max() > 8:
+            return None
+        n, at = len(sizes), np.arange(8)
+        padded = np.concatenate([joined, np.zeros(8, np.uint8)])  # every index below falls inside
+        inside = at >= 8 - sizes[:, None]  # each value's bytes, right-aligned in 8
+        window = padded[np.maximum(offsets[:-1, None] + sizes[:, None] - 8 + at, 0)]
+        negative = (sizes > 0) & (padded[offsets[:-1]] >= 0x80)
+        window = np.where(inside, window, np.where(negative[:, None], 0xFF, 0)).astype(np.uint8)
+        unscaled = np.ascontiguousarray(window).view(">i8").ravel().astype(np.int64)
+        bound = 10 ** min(self.precision, self.col.precision)
+        if bound <= 1 << 63:
+            given = unscaled[present]
+            if given.size and (given.min() < 1 - bound or given.max() > bound - 1):
+                return None
+        pairs = np.empty((n, 2), np.int64)
+        pairs[:, 0], pairs[:, 1] = unscaled, unscaled >> 63
+        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+        return pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(pairs)])
+
     def _decimals(self, values: list, kind, pa, pc):
         """Unscaled integers as decimal128: fastavro rounds one past the writer's precision, convert.py
         refuses one past the column's, so either sends the chunk the long way."""
@@ -178,6 +255,21 @@ class _Read:
         if None in values:
             array = pc.if_else(pa.array([v is None for v in values]), pa.scalar(None, kind), array)
         return array
+
+
+def _framed(values: list) -> tuple | None:
+    """(the values' bytes joined, each one's end) if every value is framed with one writer schema id, else None."""
+    import numpy as np
+
+    if None in values:
+        return None
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    if not lengths.size or lengths.min() < 5:
+        return None
+    data = np.frombuffer(b"".join(values) + bytes(16), np.uint8)  # padding: a varint's 10 bytes always fit
+    ends = np.cumsum(lengths)
+    heads = data[(ends - lengths)[:, None] + np.arange(5)]
+    return (data, ends) if heads[0, 0] == 0 and (heads == heads[0]).all() else None
 
 
 @contextlib.contextmanager
