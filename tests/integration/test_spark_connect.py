@@ -135,14 +135,13 @@ def test_a_failed_block_interrupts_its_jobs_and_leaves_the_kept_session_usable(c
 def test_queries_in_one_session_each_read_their_own_batch(connect_spark):
     """Two batches' queries in one session (a kept session, a zombie attempt beside its successor): `batch` is
     bound per statement, so the first query still reads its own rows after the second was built."""
-    from ledgerbatch.formats.parse import staged_struct
     from ledgerbatch.spec.pipeline import parse_spec
-    from ledgerbatch.stage.transform import run_query
+    from ledgerbatch.stage.transform import run_query, view_struct
 
     spec = parse_spec({"name": "q", "source": {"topics": ["q"], "format": "json", "schema": "n INT"},
                       "target": {"table": "public.q", "mode": "append"},
                       "transform": "SELECT n * 10 AS n, _topic, _partition, _offset FROM batch -- {braces} stay"})
-    struct = staged_struct(spec.columns, spec.metadata)
+    struct = view_struct(spec)
 
     def rows(n):
         row = {f.name: None for f in struct.fields} | {"n": n, "_topic": "q", "_partition": 0, "_offset": n}

@@ -17,7 +17,7 @@ from ledgerbatch.spark.session import is_connect
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob
 from ledgerbatch.stage.tasks import parse_good_rows, parse_ranges, stage_output, stage_parsed, stage_ranges
-from ledgerbatch.stage.transform import run_query
+from ledgerbatch.stage.transform import run_query, view_struct
 
 
 def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
@@ -59,7 +59,7 @@ def _stage_query(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> 
     parsed, the query's output by Python tasks after it; then the attempt's reads and output are recorded."""
     good = functools.partial(parse_good_rows, job=job)
     tasks = min(len(job.ranges), 2 * default_parallelism(spark))
-    parsed = _over_ranges(spark, job, tasks).mapInArrow(good, staged_struct(job.columns, job.metadata))
+    parsed = _over_ranges(spark, job, tasks).mapInArrow(good, view_struct(spec, job.inputs))
     stage = functools.partial(stage_output, job=job)
     output = run_query(spark, parsed, spec).select(*job.output).mapInArrow(stage, OUTPUT_COUNTS).collect()
     with engine.begin() as conn:

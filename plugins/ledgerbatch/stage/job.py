@@ -50,5 +50,6 @@ class StagingJob:
     metadata: tuple[str, ...]  # Kafka metadata columns (spec.metadata)
     table: StagingTable
     output: tuple[str, ...] = ()  # query pipelines: the output columns, in the COPY's order
+    inputs: tuple[str, ...] = ()  # query pipelines: the columns of `batch` the query reads (transform.query_inputs)
     aggregate: bool = False  # the output is groups, not rows of records
     changes: bool = False  # every record is a change (spec.changes): rows carry parse.CHANGE

@@ -68,6 +68,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         metadata=spec.metadata,
         table=table,
         output=output_order(target) if output is not None else (), aggregate=spec.mode == "aggregate",
+        inputs=transform.query_inputs(spark, spec) if output is not None else (),
         changes=spec.changes,
     )
     try:

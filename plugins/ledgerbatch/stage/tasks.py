@@ -116,8 +116,8 @@ def parse_ranges(ids: Iterator, job: StagingJob) -> Iterator:
 def parse_good_rows(ids: Iterator, job: StagingJob) -> Iterator:
     """mapInArrow body of a query pipeline over spark.range(len(job.ranges)): read and parse the task's
     ranges, COPY each range's bad records and record what was read (ledger/batches.py: staged_reads) in one
-    transaction per range, and pass the good rows on to the query. A range that is not read to its end
-    (a LIMIT in the query) records nothing, and the batch fails."""
+    transaction per range, and pass the good rows' columns the query reads (job.inputs) on to it. A range
+    that is not read to its end (a LIMIT in the query) records nothing, and the batch fails."""
     import psycopg2
 
     parser = _parser(job)
@@ -135,7 +135,7 @@ def parse_good_rows(ids: Iterator, job: StagingJob) -> Iterator:
                     batch, nbad = _stage_bad(cur, sql, batch)
                     bad += nbad
                     if batch.num_rows:
-                        yield batch
+                        yield batch.select(job.inputs)
                 cur.execute(sql.record_read, {**where, "batch_id": job.batch_id, "attempt": job.attempt,
                                               "records": records, "bad": bad})
         finally:

@@ -8,6 +8,7 @@ the shape that was staged.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from ledgerbatch.errors import SpecError
@@ -17,28 +18,57 @@ from ledgerbatch.identifiers import check_ident
 from ledgerbatch.spec.pipeline import MERGES, PipelineSpec
 
 VIEW = "batch"
+# What may read columns the query does not name: a star that stands for columns (not a product; count(*)
+# aside: it reads none), a NATURAL join.
+_STAR = re.compile(r"(?i)(?:^|[,(.]|\bselect|\bdistinct|\ball)\s*\*")
+_COUNT_STAR, _NATURAL = re.compile(r"(?i)\bcount\s*\(\s*\*\s*\)"), re.compile(r"(?i)\bnatural\b")
 _NUMERIC = {"SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "DECIMAL"}
 _METADATA_NAMES = {c.name for c in METADATA.values()}
 
 
-def batch_view(parsed, spec: PipelineSpec):
-    """The DataFrame the query sees as `batch`: good rows, without the columns that describe bad ones."""
-    from pyspark.sql import functions as F
+def view_struct(spec: PipelineSpec, names: tuple[str, ...] | None = None):
+    """The rows the query sees as `batch` (all of its columns, or `names`): a batch's good records in
+    parse.staged_struct's shape without the columns that describe bad ones."""
+    from pyspark.sql.types import StructType
 
-    drop = [c for c in ERROR_COLUMNS if not (c == "_key" and "key" in spec.metadata)]
-    return parsed.where(F.col("_error").isNull()).drop(*drop)
+    dropped = [c for c in ERROR_COLUMNS if not (c == "_key" and "key" in spec.metadata)]
+    fields = [f for f in staged_struct(spec.columns, spec.metadata).fields if f.name not in dropped]
+    return StructType([f for f in fields if names is None or f.name in names])
 
 
-def run_query(spark, parsed, spec: PipelineSpec):
-    """The spec's query over `parsed` (rows in parse.staged_struct's shape) as a DataFrame.
+def run_query(spark, view, spec: PipelineSpec):
+    """The spec's query over `view` (rows in view_struct's shape) as a DataFrame.
 
     `batch` is bound inside the statement (a CTE over a DataFrame argument), not as a session temp view: two
     batches in one session (a kept Spark Connect session, a zombie attempt beside its successor) never read
     each other's rows. The wrapper stays on the query's first line, so Spark's line numbers are the query's.
     Braces are doubled because PySpark formats the statement for the argument."""
     query = statement(spec.query).replace("{", "{{").replace("}", "}}")
-    return spark.sql(f"WITH {VIEW} AS (SELECT * FROM {{batch_rows}}) SELECT * FROM ({query}\n)",
-                     batch_rows=batch_view(parsed, spec))
+    return spark.sql(f"WITH {VIEW} AS (SELECT * FROM {{batch_rows}}) SELECT * FROM ({query}\n)", batch_rows=view)
+
+
+def query_inputs(spark, spec: PipelineSpec) -> tuple[str, ...]:
+    """The columns of `batch` the query reads, so that the staging tasks send Spark only those: the columns
+    whose names the query's text never mentions are left out where that is sure, i.e. the query has no star
+    for columns (count(*) aside) and no NATURAL join, and over a view without them it makes the same output.
+    Else all. One column always stays, so that rows still carry their count."""
+    names = tuple(view_struct(spec).names)
+    text = statement(spec.query)
+    if _STAR.search(_COUNT_STAR.sub("", text)) or _NATURAL.search(text):
+        return names
+    used = tuple(n for n in names if re.search(rf"(?<![\w$]){re.escape(n)}(?![\w$])", text, re.I)) or ("_partition",)
+    if used == names:
+        return names
+    try:
+        pruned = run_query(spark, _empty(spark, spec, used), spec).schema
+    except Exception:  # a column the query needs after all: it reads them all
+        return names
+    return used if pruned == run_query(spark, _empty(spark, spec), spec).schema else names
+
+
+def _empty(spark, spec: PipelineSpec, names: tuple[str, ...] | None = None):
+    """An empty `batch` (of `names` only) for Spark to analyse the query over."""
+    return spark.createDataFrame([], view_struct(spec, names))
 
 
 def statement(query: str) -> str:
@@ -70,9 +100,8 @@ def statement(query: str) -> str:
 def output_columns(spark, spec: PipelineSpec) -> tuple[Column, ...]:
     """Analyse the query over an empty `batch`: its output columns, checked against the target mode.
     Raises SpecError for SQL that does not parse or names what `batch` lacks; nothing is read."""
-    empty = spark.createDataFrame([], staged_struct(spec.columns, spec.metadata))
     try:
-        schema = run_query(spark, empty, spec).schema
+        schema = run_query(spark, _empty(spark, spec), spec).schema
     except Exception as exc:  # Spark's AnalysisException / ParseException, classic or Connect
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecError(f"pipeline {spec.name}: transform: the query does not run over `batch` "
