@@ -31,9 +31,11 @@ ROUTE = "schemas/ids"  # GET /schemas/ids/{id}: how a deserializer fetches a wri
 
 
 class AvroOrders:
-    def __init__(self, bootstrap: str, registry: DevRegistry, topic: str, records: int, partitions: int):
+    def __init__(self, bootstrap: str, registry: DevRegistry, topic: str, records: int, partitions: int,
+                 copies: int = 1):
+        """Orders 0..records-1 into `topic`, `copies` times over."""
         self.bootstrap, self.registry, self.topic = bootstrap, registry, topic
-        self.schema_ids = self._produce(records, partitions)
+        self.schema_ids = set().union(*(self._produce(records, partitions) for _ in range(copies)))
         self.runs: list[dict] = []  # registry requests and staging tasks of each run
 
     def _produce(self, count: int, partitions: int) -> set[int]:
@@ -58,10 +60,11 @@ class AvroOrders:
             raise RuntimeError(f"{self.topic}: not every Avro order was delivered")
         return ids
 
-    def run_warm(self, db_name: str, workdir: Path, records: int) -> dict:
+    def run_warm(self, db_name: str, workdir: Path, records: int, batches: int = 1) -> dict:
         """lb.run_warm on the Avro topic; the registry's schema requests are counted over the follower's whole life."""
         before = self.registry.requests[ROUTE]
-        result = lb.run_warm(self.bootstrap, self.topic, db_name, workdir, records, registry_url=self.registry.url)
+        result = lb.run_warm(self.bootstrap, self.topic, db_name, workdir, records, registry_url=self.registry.url,
+                             batches=batches)
         # stage/driver.py starts min(ranges, 2 * defaultParallelism) staging tasks, each with its own decoder and
         # registry client; under local[*] defaultParallelism is the cores this process (and Spark) may use.
         self.runs.append({"schema_id_requests": self.registry.requests[ROUTE] - before,

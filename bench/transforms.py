@@ -41,8 +41,9 @@ def expected_filtered_rows(records: int) -> int:
     return sum(1 for i in range(records) if Decimal(json.loads(order(i))["amount"]) >= 500)
 
 
-def run_aggregate_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: int, want: dict) -> dict:
-    result = lb.run_warm(bootstrap, topic, db_name, workdir, records, extra=AGGREGATE)
+def run_aggregate_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: int, want: dict,
+                       batches: int = 1) -> dict:
+    result = lb.run_warm(bootstrap, topic, db_name, workdir, records, extra=AGGREGATE, batches=batches)
     url = result.pop("url")
     engine = create_engine(url)
     try:
@@ -54,7 +55,7 @@ def run_aggregate_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, 
     return result | {"groups": len(got), "totals_equal": got == want}
 
 
-def run_filter_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: int) -> dict:
-    result = lb.run_warm(bootstrap, topic, db_name, workdir, records, extra=FILTER)
+def run_filter_warm(bootstrap: str, topic: str, db_name: str, workdir: Path, records: int, batches: int = 1) -> dict:
+    result = lb.run_warm(bootstrap, topic, db_name, workdir, records, extra=FILTER, batches=batches)
     result.pop("url")
     return result
