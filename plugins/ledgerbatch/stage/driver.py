@@ -49,6 +49,7 @@ def _stage_dataframe(spark, engine: Engine, spec: PipelineSpec, job: StagingJob)
 
 
 def _mark_ranges(engine: Engine, job: StagingJob, rows: list) -> None:
+    """Record the counts the tasks returned (COUNTS rows, one per staged range), fenced by the attempt."""
     counts = {(r.topic, r.partition): (r.rows, r.bad, r.deleted, r.skipped) for r in rows if r.rows}
     with engine.begin() as conn:
         mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, counts)
