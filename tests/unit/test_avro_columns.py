@@ -254,3 +254,7 @@ def _long_varint(value: bytes) -> bytes:
     """`value` (FLAT, s null, i 0) with i's one-byte varint written in 11 bytes."""
     assert value[5:7] == b"\x00\x00"  # s: the null branch; i: 0
     return value[:6] + b"\x80" * 10 + b"\x00" + value[7:]
+
+
+def test_a_writer_schema_that_is_not_a_record_goes_record_by_record(wire):
+    assert not compare(wire, [wire("string", "plain")] * 3, "u STRING")

@@ -122,9 +122,9 @@ class _Plan:
         except Exception:  # an unknown id or an outage: the per-record path tells which
             return None
         record = json.loads(registered.schema_str)
-        vectors = VectorPlan.make(json.loads(registered.schema_str), [c.name for c in columns])
         if registered.references or not isinstance(record, dict) or record.get("type") != "record":
             return None
+        vectors = VectorPlan.make(record, [c.name for c in columns])  # before _Read.of takes logical types off
         fields = {f.get("name"): f for f in record.get("fields", ())}
         reads = []
         for col in columns:
