@@ -18,13 +18,12 @@ import json
 
 from ledgerbatch.formats.avro_vectors import VectorPlan
 from ledgerbatch.formats.decoders.avro import AvroDecoder
-from ledgerbatch.formats.convert import MAX_DAY, MAX_US, MIN_DAY, MIN_US
+from ledgerbatch.formats.convert import INT_BOUNDS, MAX_DAY, MAX_US, MIN_DAY, MIN_US
 from ledgerbatch.formats.schema import Column
 
-_INT_BOUNDS = {"SMALLINT": 1 << 15, "INT": 1 << 31, "BIGINT": 1 << 63}
 # Inclusive bounds of whole-chunk values (avro_vectors.py) by logical type or column type: a millisecond
 # timestamp is bounded before it is made microseconds.
-_VECTOR_BOUNDS = {**{t: (-b, b - 1) for t, b in _INT_BOUNDS.items()}, "timestamp-micros": (MIN_US, MAX_US),
+_VECTOR_BOUNDS = {**{t: (-b, b - 1) for t, b in INT_BOUNDS.items()}, "timestamp-micros": (MIN_US, MAX_US),
                   "timestamp-millis": (-(-MIN_US // 1000), MAX_US // 1000), "date": (MIN_DAY, MAX_DAY)}
 # (Avro type, logical type) -> the column types whose staged values it gives, read plainly.
 _PAIRS = {("string", None): {"STRING"}, ("int", None): {"SMALLINT", "INT", "BIGINT"}, ("long", None): {"BIGINT"},
@@ -177,8 +176,8 @@ class _Read:
             if col.type == "STRING":
                 array = pa.array(values, pa.string())
                 return None if pc.any(pc.match_substring(array, "\x00")).as_py() else array
-            if col.type in _INT_BOUNDS:
-                bound = _INT_BOUNDS[col.type]
+            if col.type in INT_BOUNDS:
+                bound = INT_BOUNDS[col.type]
                 return pa.array(values, pa.int64()).cast(kind) if _within(
                     values, -bound, bound - 1) else None
             if col.type == "TIMESTAMP":
@@ -205,7 +204,7 @@ class _Read:
             return self._vector_decimals(*values, present, kind)
         if col.type == "STRING":
             return None if pc.any(pc.match_substring(values, "\x00")).as_py() else values
-        if col.type in _INT_BOUNDS or col.type in ("TIMESTAMP", "DATE"):
+        if col.type in INT_BOUNDS or col.type in ("TIMESTAMP", "DATE"):
             low, high = _VECTOR_BOUNDS[self.logical or col.type]
             given = values[present]
             if given.size and (given.min() < low or given.max() > high):

@@ -23,7 +23,7 @@ from typing import Callable
 from ledgerbatch.formats.bad_value import BadValue
 from ledgerbatch.formats.schema import Column
 
-_INT_BOUNDS = {"SMALLINT": 2**15, "INT": 2**31, "BIGINT": 2**63}
+INT_BOUNDS = {"SMALLINT": 2**15, "INT": 2**31, "BIGINT": 2**63}  # also the chunk paths' (avro_columns.py)
 _FLOAT_MAX = 3.4028234663852886e38
 _WIDE = Context(prec=100)  # room to round any value that can fit DECIMAL(38, s) before the range check
 # The range of Python's datetime and date, which every TIMESTAMP and DATE value passes through here: in
@@ -153,8 +153,8 @@ def converter(col: Column) -> Callable:
     """The converter of a column's (or a nested field's) values to what is staged for it."""
     if not col.is_scalar:
         return nested_converter(col)
-    if col.type in _INT_BOUNDS:
-        return _int_converter(_INT_BOUNDS[col.type])
+    if col.type in INT_BOUNDS:
+        return _int_converter(INT_BOUNDS[col.type])
     return {
         "STRING": lambda c: _to_string,
         "BOOLEAN": lambda c: _to_bool,
