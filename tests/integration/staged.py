@@ -236,7 +236,6 @@ def qrow(part, off, batch_id, error):
     return (part, off, batch_id, error, f"k{off}".encode(), b"\xff" + error.encode())
 
 
-
 # -- a commit in a child process (a crash point kills its whole process group)
 
 CHILD = """

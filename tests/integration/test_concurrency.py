@@ -220,7 +220,6 @@ def test_an_attempt_whose_lease_lapsed_is_taken_over(engine, make_pipe):
         assert begin_attempt(conn, batch_id, None, LEASE_S) == 2  # a frozen or dead runner's attempt
 
 
-
 # -- lesser: verify after a replay with a changed query; two specs on one target
 
 def test_verify_counts_what_a_replay_with_a_changed_query_kept(engine, make_pipe):

@@ -286,7 +286,6 @@ def test_append_target_gains_partitions_for_big_batches_only(engine, db_url, bro
     assert [n for _, n in per_partition] == [40, 70]  # the open partition holds batch 2 and the two small ones
 
 
-
 def test_batch_staged_by_an_earlier_version_is_staged_again(engine, db_url, broker, spark, make_pipeline):
     p = make_pipeline(partitions=2)
     acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])

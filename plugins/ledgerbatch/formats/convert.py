@@ -34,8 +34,6 @@ MAX_US = (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc) 
 MIN_DAY, MAX_DAY = (dt.date(1, 1, 1) - _EPOCH.date()).days, (dt.date(9999, 12, 31) - _EPOCH.date()).days
 
 
-
-
 def _to_string(v):
     if isinstance(v, str):
         if "\x00" in v:

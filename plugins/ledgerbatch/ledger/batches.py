@@ -15,13 +15,6 @@ from ledgerbatch.sqlfiles import query
 # -- migrations' own bookkeeping (ledger.schema_migrations)
 
 
-
-
-
-
-
-
-
 # -- batches and ranges
 
 def lock_pipeline(conn: Connection, pipeline: str) -> None:
@@ -187,23 +180,7 @@ def known_pipelines(conn: Connection) -> list[str]:
 # -- cursors and what Kafka said
 
 
-
-
-
-
-
-
-
-
-
-
-
 # -- quarantine and staging bookkeeping
-
-
-
-
-
 
 
 def finished_staging_tables(conn: Connection, pipeline: str) -> list[str]:
@@ -212,19 +189,6 @@ def finished_staging_tables(conn: Connection, pipeline: str) -> list[str]:
 
 
 # -- inspection: status, verify, reports
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def delivering_batches(conn: Connection, pipeline: str, ranges, exclude_batch_id: int = 0) -> dict[int, list[OffsetRange]]:

@@ -113,14 +113,6 @@ def _whole_batches(conn, spec: PipelineSpec, ranges: list[OffsetRange]) -> list[
         ranges = wider
 
 
-
-
-
-
-
-
-
-
 def request_from_params(spec: PipelineSpec, params: dict) -> ReplayRequest:
     """The backfill DAG's Params form as a request (empty topic: the pipeline's only topic)."""
     topic = params.get("topic") or (spec.topics[0] if len(spec.topics) == 1 else None)

@@ -46,12 +46,6 @@ def get_spark(master: str | None = None, app_name: str = "ledgerbatch", remote: 
     return spark
 
 
-
-
-
-
-
-
 def venv_first_on_path() -> None:
     # pip's spark-submit finds SPARK_HOME through the python on PATH: the venv's must come first.
     bindir = str(Path(sys.executable).parent)

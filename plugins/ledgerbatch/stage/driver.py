@@ -7,6 +7,7 @@ of them succeeded, so a failed or retried task never leaves a count behind.
 from __future__ import annotations
 
 import functools
+import logging
 
 from sqlalchemy.engine import Engine
 
@@ -17,7 +18,10 @@ from ledgerbatch.spark.session import is_connect
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob
 from ledgerbatch.stage.tasks import parse_good_rows, parse_ranges, stage_output, stage_parsed, stage_ranges
-from ledgerbatch.stage.transform import run_query, view_struct
+from ledgerbatch.stage.tables import output_order
+from ledgerbatch.stage.transform import output_columns, output_spec, query_inputs, run_query, view_struct
+
+log = logging.getLogger(__name__)
 
 
 def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
@@ -41,11 +45,15 @@ def _stage_direct(spark, engine: Engine, job: StagingJob) -> None:
 def _stage_dataframe(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
     """The transform is per-column Spark SQL: parsed rows go through a DataFrame and back to Python tasks
     that stage them, one range per task (a range is staged in one transaction)."""
-    parse = functools.partial(parse_ranges, job=job)
-    parsed = _over_ranges(spark, job, len(job.ranges)).mapInArrow(
-        parse, staged_struct(job.columns, job.metadata, job.changes))
-    stage = functools.partial(stage_parsed, job=job)
-    _mark_ranges(engine, job, apply_transform(parsed, spec).mapInArrow(stage, COUNTS).collect())
+    plan = _transform_plan(_over_ranges(spark, job, len(job.ranges)), spec, functools.partial(parse_ranges, job=job),
+                           functools.partial(stage_parsed, job=job))
+    _mark_ranges(engine, job, plan.collect())
+
+
+def _transform_plan(ranges, spec: PipelineSpec, parse, stage):
+    """Ranges (one row each) -> their parsed rows -> the per-column transform -> the tasks that stage them."""
+    parsed = ranges.mapInArrow(parse, staged_struct(spec.columns, spec.metadata, spec.changes))
+    return apply_transform(parsed, spec).mapInArrow(stage, COUNTS)
 
 
 def _mark_ranges(engine: Engine, job: StagingJob, rows: list) -> None:
@@ -58,11 +66,9 @@ def _mark_ranges(engine: Engine, job: StagingJob, rows: list) -> None:
 def _stage_query(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
     """The transform is a query over `batch`: each range's bad records and counts are staged as it is
     parsed, the query's output by Python tasks after it; then the attempt's reads and output are recorded."""
-    good = functools.partial(parse_good_rows, job=job)
     tasks = min(len(job.ranges), 2 * default_parallelism(spark))
-    parsed = _over_ranges(spark, job, tasks).mapInArrow(good, view_struct(spec, job.inputs))
-    stage = functools.partial(stage_output, job=job)
-    output = run_query(spark, parsed, spec).select(*job.output).mapInArrow(stage, OUTPUT_COUNTS).collect()
+    output = _query_plan(_over_ranges(spark, job, tasks), spec, job.inputs, job.output,
+                         functools.partial(parse_good_rows, job=job), functools.partial(stage_output, job=job)).collect()
     with engine.begin() as conn:
         reads = staged_reads(conn, job.batch_id, job.attempt)
         unread = [str(r) for r in job.ranges if r.topic_partition not in reads]
@@ -72,6 +78,12 @@ def _stage_query(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> 
         filtered, groups = query_counts(reads, sum(r.rows for r in output), job.aggregate)
         mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, reads,
                     filtered=filtered, groups=groups)
+
+
+def _query_plan(ranges, spec: PipelineSpec, inputs: tuple[str, ...], output: tuple[str, ...], parse, stage):
+    """Ranges (one row each) -> the good rows' `inputs` -> the query -> its `output` -> the tasks that COPY it."""
+    parsed = ranges.mapInArrow(parse, view_struct(spec, inputs))
+    return run_query(ranges.sparkSession, parsed, spec).select(*output).mapInArrow(stage, OUTPUT_COUNTS)
 
 
 def _over_ranges(spark, job: StagingJob, tasks: int):
@@ -114,22 +126,45 @@ def default_parallelism(spark) -> int:
 _PARALLELISM: dict[str, int] = {}
 
 
-def warm_up(spark) -> float:
-    """Start the executors' Python workers with the staging code imported, so that the first batch of
-    a long-lived driver (`run --follow`) is as quick as the ones after it. Returns the seconds taken."""
+def warm_up(spark, spec: PipelineSpec) -> float:
+    """Make the first batch of a long-lived driver (`run --follow`) as quick as the ones after it: start the
+    executors' Python workers, each with the staging code imported and the spec's parser run once, and run
+    a transform's plan over no records, so that Spark has generated and compiled its code. Returns the
+    seconds taken."""
     import time
 
     from pyspark.sql.types import LongType, StructField, StructType
 
     started = time.monotonic()
     tasks = 2 * default_parallelism(spark)
-    spark.range(0, tasks, 1, tasks).mapInArrow(_import_staging, StructType([StructField("id", LongType())])).collect()
+    none = spark.range(0, tasks, 1, tasks)
+    try:
+        parser = (spec.columns, spec.required, spec.format, dict(spec.format_options), spec.metadata, spec.changes)
+        none.mapInArrow(functools.partial(_warm_worker, parser=parser), StructType([StructField("id", LongType())])).collect()
+        if spec.query is not None:
+            output = output_order(output_spec(spec, output_columns(spark, spec)))
+            _query_plan(none, spec, query_inputs(spark, spec), output, _no_rows, _no_rows).collect()
+        elif spec.transform:
+            _transform_plan(none, spec, _no_rows, _no_rows).collect()
+    except Exception as exc:  # only a head start: the first batch reports what is wrong
+        log.warning("%s: the warm-up did not finish (%s); the first batch will tell", spec.name,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return time.monotonic() - started
 
 
-def _import_staging(batches):
-    from ledgerbatch.formats import parse  # noqa: F401  (the imports are the point)
-    from ledgerbatch.source import reader  # noqa: F401
-    from ledgerbatch.stage import tasks  # noqa: F401
+def _warm_worker(batches, parser: tuple):
+    """A warm-up task: import the staging code and parse one throwaway value, which pays once for what the
+    parser's first chunk would (Arrow's readers and kernels)."""
+    from ledgerbatch.formats.parse import make_parser
+    from ledgerbatch.source.reader import Records
+    from ledgerbatch.stage import tasks  # noqa: F401  (importing it is the point)
 
+    make_parser(*parser).parse("warm-up", 0, Records([0], [None], [b"{}"], [None], [None]))
     yield from batches
+
+
+def _no_rows(batches):
+    """A task of the warm-up's plan: it reads its input and gives nothing."""
+    for _ in batches:
+        pass
+    return iter(())

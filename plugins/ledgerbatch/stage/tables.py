@@ -28,12 +28,6 @@ def bad_name(staging: str) -> str:
     return f"{staging}_bad"
 
 
-
-
-
-
-
-
 def column_defs(spec: PipelineSpec) -> Fragment:
     return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in spec.stored_columns))
 
@@ -110,10 +104,6 @@ def staged_rows(conn: Connection, staging: str) -> int:
 
 def staged_bad(conn: Connection, staging: str) -> dict[tuple[str, int], int]:
     return {(r.topic, r.partition): r.bad for r in conn.execute(text(query("staged_bad", bad=bad_name(staging))))}
-
-
-
-
 
 
 def staging_complete(conn: Connection, spec: PipelineSpec, staging: str) -> bool:

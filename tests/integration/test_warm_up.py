@@ -1,0 +1,71 @@
+"""A follower's warm-up (stage/driver.py: warm_up) runs a transform's plan over no records, so that its first
+batch generates and compiles no code: counted by Spark's own codegen metrics, on real Kafka and PostgreSQL."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from sqlalchemy import text
+
+from ledgerbatch.ops.run import run_pipeline
+from ledgerbatch.stage.driver import warm_up
+
+from .test_aggregate import expected_totals, produce_orders
+
+pytestmark = pytest.mark.integration
+
+# Queries no other test runs, so that Spark's code cache holds nothing of their plans yet.
+PER_CUSTOMER = """
+SELECT customer, count(*) AS orders, sum(amount) AS revenue, max(amount) AS largest
+FROM batch WHERE amount > 0 AND {predicate} GROUP BY customer
+"""
+MEASURES = {"orders": "sum", "revenue": "sum", "largest": "max"}
+
+
+def _pipeline(make_pipeline, predicate: str):
+    return make_pipeline(partitions=3, transform=PER_CUSTOMER.format(predicate=predicate), target__mode="aggregate",
+                         target__key=["customer"], target__measures=MEASURES)
+
+
+def _compilations(spark) -> int:
+    """Classes Spark's code generator has compiled in this JVM (local mode: the driver's and the executors')."""
+    return spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
+
+
+def _per_customer(records) -> dict:
+    totals = {}
+    for (customer, _), (orders, revenue, _, largest) in expected_totals(records).items():
+        n, r, m = totals.get(customer, (0, 0, None))
+        totals[customer] = (n + orders, r + revenue, largest if m is None else max(m, largest))
+    return totals
+
+
+def _target(engine, p) -> dict:
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT customer, orders, revenue, largest FROM {p.table}")).all()
+    return {r.customer: (r.orders, r.revenue, r.largest) for r in rows}
+
+
+def test_the_first_batch_after_the_warm_up_compiles_no_code(engine, db_url, broker, spark, make_pipeline):
+    cold = _pipeline(make_pipeline, "order_id <> 'x-cold'")
+    produce_orders(broker, cold, 200, seed=11)
+    before = _compilations(spark)
+    run_pipeline(engine, cold.spec, db_url, broker.bootstrap_servers, lambda: spark)
+    assert _compilations(spark) > before  # without the warm-up the batch compiles its plan's code
+
+    warm = _pipeline(make_pipeline, "length(customer) < 40")
+    records = produce_orders(broker, warm, 300, seed=12)
+    assert warm_up(spark, warm.spec) > 0
+    before = _compilations(spark)
+    assert run_pipeline(engine, warm.spec, db_url, broker.bootstrap_servers, lambda: spark).batches == 1
+    assert _compilations(spark) == before
+    assert _target(engine, warm) == _per_customer(records)
+
+
+def test_a_plan_that_cannot_run_leaves_the_warm_up_to_its_first_batch(engine, spark, make_pipeline, caplog):
+    """The warm-up is only a head start: a query Spark refuses is reported by the batch, not by the warm-up."""
+    p = _pipeline(make_pipeline, "no_such_column > 1")
+    with caplog.at_level(logging.WARNING, logger="ledgerbatch.stage.driver"):
+        warm_up(spark, p.spec)
+    assert "the warm-up did not finish" in caplog.text
+    assert "no_such_column" in caplog.text
