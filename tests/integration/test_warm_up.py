@@ -2,6 +2,7 @@
 batch generates and compiles no code: counted by Spark's own codegen metrics, on real Kafka and PostgreSQL."""
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -60,6 +61,25 @@ def test_the_first_batch_after_the_warm_up_compiles_no_code(engine, db_url, brok
     assert run_pipeline(engine, warm.spec, db_url, broker.bootstrap_servers, lambda: spark).batches == 1
     assert _compilations(spark) == before
     assert _target(engine, warm) == _per_customer(records)
+
+
+def test_a_per_column_transform_is_warmed_up_too(engine, db_url, broker, spark, make_pipeline):
+    cold = make_pipeline(partitions=2, transform={"customer": "concat(upper(customer), '-cold')"})
+    produce_orders(broker, cold, 100, seed=13)
+    before = _compilations(spark)
+    run_pipeline(engine, cold.spec, db_url, broker.bootstrap_servers, lambda: spark)
+    assert _compilations(spark) > before
+
+    warm = make_pipeline(partitions=2, transform={"customer": "concat(lower(customer), '-warm')"})
+    records = produce_orders(broker, warm, 100, seed=14)
+    warm_up(spark, warm.spec)
+    before = _compilations(spark)
+    run_pipeline(engine, warm.spec, db_url, broker.bootstrap_servers, lambda: spark)
+    assert _compilations(spark) == before
+    good = [json.loads(v) for _, v in records if v.startswith(b'{"')]
+    with engine.connect() as conn:
+        staged = sorted(conn.execute(text(f"SELECT order_id, customer FROM {warm.table}")).all())
+    assert staged == sorted((o["order_id"], o["customer"].lower() + "-warm") for o in good)
 
 
 def test_a_plan_that_cannot_run_leaves_the_warm_up_to_its_first_batch(engine, spark, make_pipeline, caplog):
