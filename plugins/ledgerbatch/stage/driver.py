@@ -137,15 +137,16 @@ def warm_up(spark, spec: PipelineSpec) -> float:
 
     started = time.monotonic()
     tasks = 2 * default_parallelism(spark)
-    none = spark.range(0, tasks, 1, tasks)
+    slots = spark.range(0, tasks, 1, tasks)  # one row per warm-up task
     try:
         parser = (spec.columns, spec.required, spec.format, dict(spec.format_options), spec.metadata, spec.changes)
-        none.mapInArrow(functools.partial(_warm_worker, parser=parser), StructType([StructField("id", LongType())])).collect()
+        ids = StructType([StructField("id", LongType())])
+        slots.mapInArrow(functools.partial(_warm_worker, parser=parser), ids).collect()
         if spec.query is not None:
             output = output_order(output_spec(spec, output_columns(spark, spec)))
-            _query_plan(none, spec, query_inputs(spark, spec), output, _no_rows, _no_rows).collect()
+            _query_plan(slots, spec, query_inputs(spark, spec), output, _no_rows, _no_rows).collect()
         elif spec.transform:
-            _transform_plan(none, spec, _no_rows, _no_rows).collect()
+            _transform_plan(slots, spec, _no_rows, _no_rows).collect()
     except Exception as exc:  # only a head start: the first batch reports what is wrong
         log.warning("%s: the warm-up did not finish (%s); the first batch will tell", spec.name,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
