@@ -67,8 +67,8 @@ def _stage_query(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> 
     """The transform is a query over `batch`: each range's bad records and counts are staged as it is
     parsed, the query's output by Python tasks after it; then the attempt's reads and output are recorded."""
     tasks = min(len(job.ranges), 2 * default_parallelism(spark))
-    output = _query_plan(_over_ranges(spark, job, tasks), spec, job.inputs, job.output,
-                         functools.partial(parse_good_rows, job=job), functools.partial(stage_output, job=job)).collect()
+    parse, stage = functools.partial(parse_good_rows, job=job), functools.partial(stage_output, job=job)
+    output = _query_plan(_over_ranges(spark, job, tasks), spec, job.inputs, job.output, parse, stage).collect()
     with engine.begin() as conn:
         reads = staged_reads(conn, job.batch_id, job.attempt)
         unread = [str(r) for r in job.ranges if r.topic_partition not in reads]
