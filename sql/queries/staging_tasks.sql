@@ -2,6 +2,12 @@
 -- nowhere else; {placeholders} take quoted identifiers only. The driver renders these (executors
 -- may not have sql/) and ships the text in the staging job.
 
+-- name: staging_session
+-- Executors (psycopg2), once a connection: a staging commit need not wait for its WAL to reach the disk.
+-- The batch's commit waits for its own, which comes later in the WAL, so its flush makes every staging
+-- commit before it durable too; a server crash before that can only lose an attempt that then fails.
+SET synchronous_commit = off;
+
 -- name: staging_task_lock
 -- Executors (psycopg2): one writer per staging table and partition at a time.
 SELECT pg_advisory_xact_lock(hashtext(%(lock)s));

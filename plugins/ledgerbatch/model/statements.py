@@ -8,6 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class StagingStatements:
     """A staging task's statements (psycopg2 parameters, sql/queries/staging_tasks.sql)."""
+    session: str
     lock: str
     delete: str
     copy: str

@@ -33,40 +33,70 @@ class Records(NamedTuple):
 
 def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float, metadata: bool = False) -> Iterator[Records]:
     """Yield chunks of exactly the records in `rng`; with `metadata`, their timestamps and headers too."""
-    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer(kafka_conf)
-    tp = TopicPartition(rng.topic, rng.partition, rng.from_offset)
+    consumer = _assigned(rng, kafka_conf)
     try:
-        consumer.assign([tp])
-        position, last_progress = rng.from_offset, time.monotonic()
-        while position < rng.until_offset:
-            msgs = consumer.consume(min(CHUNK, rng.until_offset - position), POLL_S)
-            offsets, keys, values = [], [], []
-            timestamps, headers = ([], []) if metadata else (None, None)
-            for m in msgs:
-                if m.error():
-                    # auto.offset.reset=error: a range that left the log reports its reset, not records
-                    lost = m.error().code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
-                    raise RangeReadError(f"{rng}: {OFFSETS_LOST + ': ' if lost else ''}{m.error().str()}")
-                if m.offset() < rng.until_offset:
-                    offsets.append(m.offset())
-                    keys.append(m.key())
-                    values.append(m.value())
-                    if metadata:
-                        kind, ms = m.timestamp()
-                        timestamps.append(None if kind == TIMESTAMP_NOT_AVAILABLE else ms)
-                        headers.append(m.headers())
-            # The position also moves past records the consumer skips (markers, aborted records).
-            previous = position
-            position = max(position, consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset)
-            now = time.monotonic()
-            if position > previous:
-                last_progress = now
-            elif now - last_progress > stall_timeout_s:
-                raise RangeReadError(f"{rng}: no progress for {stall_timeout_s:.0f}s at offset {position}")
-            if offsets:
-                crash_point("mid_read")
-                yield Records(offsets, keys, values, timestamps, headers)
+        yield from _records(rng, consumer, stall_timeout_s, metadata)
     finally:
         consumer.close()
+
+
+def read_ranges(ranges: list[OffsetRange], kafka_conf: dict, stall_timeout_s: float,
+                metadata: bool = False) -> Iterator[tuple[OffsetRange, Iterator[Records]]]:
+    """Each of `ranges` in turn with its records (as read_messages gives them), to be read before the next.
+    The next range's consumer is opened before a range is handed out: librdkafka connects and fetches in
+    its own threads while the task works on this one, so only the first range waits for its first records
+    (30-50 ms a range otherwise, measured on the local broker)."""
+    consumers: dict[int, object] = {}
+    try:
+        for i, rng in enumerate(ranges):
+            if i == 0:
+                consumers[0] = _assigned(rng, kafka_conf)
+            if i + 1 < len(ranges):
+                consumers[i + 1] = _assigned(ranges[i + 1], kafka_conf)
+            yield rng, _records(rng, consumers[i], stall_timeout_s, metadata)
+            consumers.pop(i).close()
+    finally:
+        for consumer in consumers.values():
+            consumer.close()
+
+
+def _assigned(rng: OffsetRange, kafka_conf: dict):
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(kafka_conf)
+    consumer.assign([TopicPartition(rng.topic, rng.partition, rng.from_offset)])
+    return consumer
+
+
+def _records(rng: OffsetRange, consumer, stall_timeout_s: float, metadata: bool) -> Iterator[Records]:
+    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, TopicPartition
+
+    position, last_progress = rng.from_offset, time.monotonic()
+    while position < rng.until_offset:
+        msgs = consumer.consume(min(CHUNK, rng.until_offset - position), POLL_S)
+        offsets, keys, values = [], [], []
+        timestamps, headers = ([], []) if metadata else (None, None)
+        for m in msgs:
+            if m.error():
+                # auto.offset.reset=error: a range that left the log reports its reset, not records
+                lost = m.error().code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+                raise RangeReadError(f"{rng}: {OFFSETS_LOST + ': ' if lost else ''}{m.error().str()}")
+            if m.offset() < rng.until_offset:
+                offsets.append(m.offset())
+                keys.append(m.key())
+                values.append(m.value())
+                if metadata:
+                    kind, ms = m.timestamp()
+                    timestamps.append(None if kind == TIMESTAMP_NOT_AVAILABLE else ms)
+                    headers.append(m.headers())
+        # The position also moves past records the consumer skips (markers, aborted records).
+        previous = position
+        position = max(position, consumer.position([TopicPartition(rng.topic, rng.partition)])[0].offset)
+        now = time.monotonic()
+        if position > previous:
+            last_progress = now
+        elif now - last_progress > stall_timeout_s:
+            raise RangeReadError(f"{rng}: no progress for {stall_timeout_s:.0f}s at offset {position}")
+        if offsets:
+            crash_point("mid_read")
+            yield Records(offsets, keys, values, timestamps, headers)

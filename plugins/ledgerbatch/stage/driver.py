@@ -16,7 +16,7 @@ from ledgerbatch.ledger.batches import mark_staged, staged_reads
 from ledgerbatch.model.reconcile import query_counts
 from ledgerbatch.spark.session import is_connect
 from ledgerbatch.spec.pipeline import PipelineSpec
-from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob
+from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, Parsing, StagingJob
 from ledgerbatch.stage.tasks import parse_good_rows, parse_ranges, stage_output, stage_parsed, stage_ranges
 from ledgerbatch.stage.tables import output_order
 from ledgerbatch.stage.transform import output_columns, output_spec, query_inputs, run_query, view_struct
@@ -139,9 +139,8 @@ def warm_up(spark, spec: PipelineSpec) -> float:
     tasks = 2 * default_parallelism(spark)
     slots = spark.range(0, tasks, 1, tasks)  # one row per warm-up task
     try:
-        parser = (spec.columns, spec.required, spec.format, dict(spec.format_options), spec.metadata, spec.changes)
         ids = StructType([StructField("id", LongType())])
-        slots.mapInArrow(functools.partial(_warm_worker, parser=parser), ids).collect()
+        slots.mapInArrow(functools.partial(_warm_worker, parsing=Parsing.of(spec)), ids).collect()
         if spec.query is not None:
             output = output_order(output_spec(spec, output_columns(spark, spec)))
             _query_plan(slots, spec, query_inputs(spark, spec), output, _no_rows, _no_rows).collect()
@@ -153,14 +152,13 @@ def warm_up(spark, spec: PipelineSpec) -> float:
     return time.monotonic() - started
 
 
-def _warm_worker(batches, parser: tuple):
+def _warm_worker(batches, parsing: Parsing):
     """A warm-up task: import the staging code and parse one throwaway value, which pays once for what the
     parser's first chunk would (Arrow's readers and kernels)."""
-    from ledgerbatch.formats.parse import make_parser
     from ledgerbatch.source.reader import Records
     from ledgerbatch.stage import tasks  # noqa: F401  (importing it is the point)
 
-    make_parser(*parser).parse("warm-up", 0, Records([0], [None], [b"{}"], [None], [None]))
+    parsing.parser().parse("warm-up", 0, Records([0], [None], [b"{}"], [None], [None]))
     yield from batches
 
 

@@ -25,6 +25,29 @@ BAD_COLUMNS = COORDINATE_NAMES + ("_error", "_key", "_value")
 
 
 @dataclass(frozen=True)
+class Parsing:
+    """How a task turns records into rows: the spec's columns, its key columns (a record without them is
+    bad), the format and its options, the Kafka metadata columns (spec.metadata), and whether every record
+    is a change (spec.changes: rows carry parse.CHANGE)."""
+    columns: tuple[Column, ...]
+    required: tuple[str, ...]
+    fmt: str
+    format_options: dict
+    metadata: tuple[str, ...]
+    changes: bool
+
+    @classmethod
+    def of(cls, spec) -> Parsing:
+        """A PipelineSpec's."""
+        return cls(spec.columns, spec.required, spec.format, dict(spec.format_options), spec.metadata, spec.changes)
+
+    def parser(self):
+        from ledgerbatch.formats.parse import make_parser
+
+        return make_parser(self.columns, self.required, self.fmt, self.format_options, self.metadata, self.changes)
+
+
+@dataclass(frozen=True)
 class StagingTable:
     """Where a task stages: the ledger database, the attempt's staging table and its statements, the
     spec's column names and the batch id every good row carries."""
@@ -43,13 +66,8 @@ class StagingJob:
     ranges: tuple[OffsetRange, ...]
     kafka: dict
     stall_timeout_s: float
-    columns: tuple[Column, ...]
-    required: tuple[str, ...]  # key columns: a record without them is bad
-    fmt: str
-    format_options: dict
-    metadata: tuple[str, ...]  # Kafka metadata columns (spec.metadata)
+    parsing: Parsing
     table: StagingTable
     output: tuple[str, ...] = ()  # query pipelines: the output columns, in the COPY's order
     inputs: tuple[str, ...] = ()  # query pipelines: the columns of `batch` the query reads (transform.query_inputs)
     aggregate: bool = False  # the output is groups, not rows of records
-    changes: bool = False  # every record is a change (spec.changes): rows carry parse.CHANGE

@@ -26,7 +26,7 @@ from ledgerbatch.source.kafka import consumer_config
 from ledgerbatch.spec.pipeline import PipelineSpec, check_version
 from ledgerbatch.stage import transform
 from ledgerbatch.stage.driver import stage_batch
-from ledgerbatch.stage.job import StagingJob
+from ledgerbatch.stage.job import Parsing, StagingJob
 from ledgerbatch.stage.lease import LEASE_S, AttemptLease, wait_for_holder
 from ledgerbatch.stage.tables import bad_name, drop_staging_quietly, open_staging, output_order
 
@@ -64,12 +64,9 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     job = StagingJob(
         batch_id=batch_id, attempt=attempt, ranges=batch.ranges,
         kafka=consumer_config(bootstrap_servers, dict(spec.kafka_options)), stall_timeout_s=stall_timeout_s,
-        columns=spec.columns, required=spec.required, fmt=spec.format, format_options=dict(spec.format_options),
-        metadata=spec.metadata,
-        table=table,
+        parsing=Parsing.of(spec), table=table,
         output=output_order(target) if output is not None else (), aggregate=spec.mode == "aggregate",
         inputs=transform.query_inputs(spark, spec) if output is not None else (),
-        changes=spec.changes,
     )
     try:
         with AttemptLease(engine, batch_id, attempt):

@@ -60,11 +60,11 @@ def staging_statements(spec: PipelineSpec, staging: str) -> StagingStatements:
     is the target's view of it (a query pipeline's: transform.output_spec)."""
     copy = query("staging_copy", staging=staging, columns=staged_column_names(spec))
     if spec.query is None:
-        return StagingStatements(lock=query("staging_task_lock"), copy=copy,
+        return StagingStatements(session=query("staging_session"), lock=query("staging_task_lock"), copy=copy,
                                  delete=query("staging_delete_partition", staging=staging, bad=bad_name(staging)),
                                  copy_bad=query("staging_copy_bad", bad=bad_name(staging)))
     return StagingStatements(
-        lock=query("staging_task_lock"), copy=copy, delete="",
+        session=query("staging_session"), lock=query("staging_task_lock"), copy=copy, delete="",
         copy_bad=query("staging_copy_bad", bad=bad_name(staging)),
         delete_bad=query("staging_delete_bad", bad=bad_name(staging)),
         record_read=staged_read_statement(),

@@ -13,6 +13,7 @@ starts them and records the counts.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 from typing import Iterator
@@ -22,10 +23,10 @@ from ledgerbatch.model.statements import StagingStatements
 from ledgerbatch.stage.job import BAD_COLUMNS, COUNTS, OUTPUT_COUNTS, StagingJob, StagingTable
 
 
-def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, int, int, int] | None:
-    """COPY the parsed Arrow batches of ONE range; returns (topic, partition, rows, bad, deleted, skipped),
-    None if empty. Rows count every record; deleted and skipped ones only in change pipelines."""
-    import psycopg2
+def copy_range(batches: Iterator, table: StagingTable, conn) -> tuple[str, int, int, int, int, int] | None:
+    """COPY the parsed Arrow batches of ONE range in one transaction on `conn`; returns (topic, partition,
+    rows, bad, deleted, skipped), None if empty. Rows count every record; deleted and skipped ones only in
+    change pipelines."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -37,28 +38,24 @@ def copy_range(batches: Iterator, table: StagingTable) -> tuple[str, int, int, i
     rows = bad = deleted = skipped = 0
     good_columns = list(table.columns) + list(COORDINATE_NAMES)
     sql = table.statements
-    conn = psycopg2.connect(table.dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            # A retried task replaces what an earlier try of it left behind, in the same transaction;
-            # the lock keeps two concurrent tries of one task (speculation, a zombie) in turn.
-            cur.execute(sql.lock, {"lock": f"{table.name}|{topic}|{partition}"})
-            cur.execute(sql.delete, {"topic": topic, "partition": partition})
-            for batch in itertools.chain([first], batches):
-                if batch.column("_partition")[0].as_py() != partition or batch.column("_topic")[0].as_py() != topic:
-                    raise RuntimeError(f"staging task got rows of two partitions: {topic}[{partition}] and more")
-                rows += batch.num_rows
-                batch, nbad = _stage_bad(cur, sql, batch)
-                bad += nbad
-                if batch.num_rows:
-                    if "_change" in batch.schema.names:
-                        changes = batch.column("_change")
-                        deleted += pc.sum(pc.equal(changes, "d")).as_py() or 0
-                        skipped += pc.sum(pc.equal(changes, "s")).as_py() or 0
-                    batch_ids = pa.repeat(pa.scalar(table.batch_id, pa.int64()), batch.num_rows)
-                    _copy(cur, sql.copy, [batch.column(n) for n in good_columns] + [batch_ids])
-    finally:
-        conn.close()
+    with conn, conn.cursor() as cur:
+        # A retried task replaces what an earlier try of it left behind, in the same transaction;
+        # the lock keeps two concurrent tries of one task (speculation, a zombie) in turn.
+        cur.execute(sql.lock, {"lock": f"{table.name}|{topic}|{partition}"})
+        cur.execute(sql.delete, {"topic": topic, "partition": partition})
+        for batch in itertools.chain([first], batches):
+            if batch.column("_partition")[0].as_py() != partition or batch.column("_topic")[0].as_py() != topic:
+                raise RuntimeError(f"staging task got rows of two partitions: {topic}[{partition}] and more")
+            rows += batch.num_rows
+            batch, nbad = _stage_bad(cur, sql, batch)
+            bad += nbad
+            if batch.num_rows:
+                if "_change" in batch.schema.names:
+                    changes = batch.column("_change")
+                    deleted += pc.sum(pc.equal(changes, "d")).as_py() or 0
+                    skipped += pc.sum(pc.equal(changes, "s")).as_py() or 0
+                batch_ids = pa.repeat(pa.scalar(table.batch_id, pa.int64()), batch.num_rows)
+                _copy(cur, sql.copy, [batch.column(n) for n in good_columns] + [batch_ids])
     return topic, partition, rows, bad, deleted, skipped
 
 
@@ -99,18 +96,20 @@ def _csv_ready(array):
 
 def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     """mapInArrow body over spark.range(len(job.ranges)): read, parse and stage the ranges of this task."""
-    parser = _parser(job)
-    for rng in _ranges_of(ids, job):
-        yield _counts(copy_range(_parsed(rng, parser, job), job.table) or (rng.topic, rng.partition, 0, 0, 0, 0))
+    parser = job.parsing.parser()
+    with staging_connection(job.table) as conn:
+        for rng, records in _task_ranges(ids, job):
+            counts = copy_range(_parsed(rng, records, parser), job.table, conn)
+            yield _counts(counts or (rng.topic, rng.partition, 0, 0, 0, 0))
 
 
 def parse_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     """mapInArrow body of a per-column-transform pipeline over spark.range(len(job.ranges)) in one slice per
     range: read and parse the task's range, every row on to the transform, then to `stage_parsed`, which
     stages the bad ones too. Raw values never cross into the JVM."""
-    parser = _parser(job)
-    for rng in _ranges_of(ids, job):
-        yield from _parsed(rng, parser, job)
+    parser = job.parsing.parser()
+    for rng, records in _task_ranges(ids, job):
+        yield from _parsed(rng, records, parser)
 
 
 def parse_good_rows(ids: Iterator, job: StagingJob) -> Iterator:
@@ -118,19 +117,16 @@ def parse_good_rows(ids: Iterator, job: StagingJob) -> Iterator:
     ranges, COPY each range's bad records and record what was read (ledger/batches.py: staged_reads) in one
     transaction per range, and pass the good rows' columns the query reads (job.inputs) on to it. A range
     that is not read to its end (a LIMIT in the query) records nothing, and the batch fails."""
-    import psycopg2
-
-    parser = _parser(job)
+    parser = job.parsing.parser()
     sql = job.table.statements
-    for rng in _ranges_of(ids, job):
-        where = {"topic": rng.topic, "partition": rng.partition}
-        records = bad = 0
-        conn = psycopg2.connect(job.table.dsn)
-        try:
+    with staging_connection(job.table) as conn:
+        for rng, chunks in _task_ranges(ids, job):
+            where = {"topic": rng.topic, "partition": rng.partition}
+            records = bad = 0
             with conn, conn.cursor() as cur:
                 cur.execute(sql.lock, {"lock": f"{job.table.name}|{rng.topic}|{rng.partition}"})
                 cur.execute(sql.delete_bad, where)
-                for batch in _parsed(rng, parser, job):
+                for batch in _parsed(rng, chunks, parser):
                     records += batch.num_rows
                     batch, nbad = _stage_bad(cur, sql, batch)
                     bad += nbad
@@ -138,14 +134,13 @@ def parse_good_rows(ids: Iterator, job: StagingJob) -> Iterator:
                         yield batch.select(job.inputs)
                 cur.execute(sql.record_read, {**where, "batch_id": job.batch_id, "attempt": job.attempt,
                                               "records": records, "bad": bad})
-        finally:
-            conn.close()
 
 
 def stage_parsed(batches: Iterator, job: StagingJob) -> Iterator:
     """mapInArrow body after a per-column transform: stage the task's ONE range (its parsed rows, bad ones
     apart) as `stage_ranges` does, and give its counts."""
-    counts = copy_range(batches, job.table)
+    with staging_connection(job.table) as conn:
+        counts = copy_range(batches, job.table, conn)
     if counts is not None:
         yield _counts(counts)
 
@@ -166,24 +161,34 @@ def stage_output(batches: Iterator, job: StagingJob) -> Iterator:
     yield pa.RecordBatch.from_pylist([{"rows": copy_output(batches, job)}], schema=to_arrow_schema(OUTPUT_COUNTS))
 
 
-def _parser(job: StagingJob):
-    from ledgerbatch.formats.parse import make_parser
+def _task_ranges(ids: Iterator, job: StagingJob) -> Iterator:
+    """This task's ranges (their indexes in `ids`), each with its records, read from Kafka in chunks."""
+    from ledgerbatch.source.reader import read_ranges
 
-    return make_parser(job.columns, job.required, job.fmt, job.format_options, job.metadata, job.changes)
-
-
-def _ranges_of(ids: Iterator, job: StagingJob) -> Iterator:
-    for id_batch in ids:
-        for i in id_batch.column(0).to_pylist():
-            yield job.ranges[i]
+    ranges = [job.ranges[i] for id_batch in ids for i in id_batch.column(0).to_pylist()]
+    return read_ranges(ranges, job.kafka, job.stall_timeout_s, bool(job.parsing.metadata))
 
 
-def _parsed(rng, parser, job: StagingJob) -> Iterator:
-    """The parsed Arrow batches of one range, read from Kafka in chunks."""
-    from ledgerbatch.source.reader import read_messages
+def _parsed(rng, records: Iterator, parser) -> Iterator:
+    """The parsed Arrow batches of one range's chunks of records."""
+    for chunk in records:
+        yield parser.parse(rng.topic, rng.partition, chunk)
 
-    for records in read_messages(rng, job.kafka, job.stall_timeout_s, bool(job.metadata)):
-        yield parser.parse(rng.topic, rng.partition, records)
+
+@contextlib.contextmanager
+def staging_connection(table: StagingTable):
+    """One connection for a task's transactions (one a range). Their commits do not wait for the WAL to
+    reach the disk (statements.session): the batch's commit waits, and its flush covers every staging
+    commit before it; a server crash before that loses only an attempt the batch then runs again."""
+    import psycopg2
+
+    conn = psycopg2.connect(table.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(table.statements.session)
+        yield conn
+    finally:
+        conn.close()
 
 
 def copy_output(batches: Iterator, job: StagingJob) -> int:
@@ -194,9 +199,8 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
     import pyarrow as pa
 
     rows = 0
-    conn = psycopg2.connect(job.table.dsn)
     try:
-        with conn, conn.cursor() as cur:
+        with staging_connection(job.table) as conn, conn, conn.cursor() as cur:
             for batch in batches:
                 if batch.num_rows:
                     batch_ids = pa.repeat(pa.scalar(job.batch_id, pa.int64()), batch.num_rows)
@@ -207,6 +211,4 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
             "key: an aggregate query groups by exactly target.key" if job.aggregate else
             "record (its _topic, _partition, _offset): an append or upsert query gives at most one row per record"
         )) from None
-    finally:
-        conn.close()
     return rows
