@@ -33,7 +33,10 @@ def delivered_order_ids(engine, p) -> set[str]:
 def transaction(bootstrap: str, transactional_id: str, topic: str, records: list[tuple[int, int]]):
     """A transactional producer that has produced (partition, i) records and flushed them, its transaction
     still open: the caller commits, aborts or leaves it. Returns (producer, acked (partition, offset, value))."""
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id, "log_level": 3})
+    # The broker aborts a transaction open longer than its timeout (librdkafka's default: 60 s); a test that
+    # keeps one open across several runs on a slow machine needs the broker's maximum (15 min).
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id, "log_level": 3,
+                         "transaction.timeout.ms": 900_000})
     acked = []
     producer.init_transactions(30)
     producer.begin_transaction()
