@@ -1,5 +1,6 @@
-"""A follower's warm-up (stage/driver.py: warm_up) runs a transform's plan over no records, so that its first
-batch generates and compiles no code: counted by Spark's own codegen metrics, on real Kafka and PostgreSQL."""
+"""A follower's warm-up (stage/warm_up.py) runs a transform's plan over the newest records, so that its first
+batch generates and compiles no code (counted by Spark's own codegen metrics) and the JVM's hot paths of the
+plan have seen rows, while nothing is written; on real Kafka and PostgreSQL."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from ledgerbatch.ops.run import run_pipeline
-from ledgerbatch.stage.driver import warm_up
+from ledgerbatch.stage.warm_up import warm_up
 
 from .test_aggregate import expected_totals, produce_orders
 
@@ -41,6 +42,12 @@ def _per_customer(records) -> dict:
     return totals
 
 
+def _batches(engine, p) -> int:
+    """What the pipeline has in the ledger: the warm-up writes nothing."""
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM ledger.batches WHERE pipeline = :p"), {"p": p.spec.name}).scalar()
+
+
 def _target(engine, p) -> dict:
     with engine.connect() as conn:
         rows = conn.execute(text(f"SELECT customer, orders, revenue, largest FROM {p.table}")).all()
@@ -56,7 +63,11 @@ def test_the_first_batch_after_the_warm_up_compiles_no_code(engine, db_url, brok
 
     warm = _pipeline(make_pipeline, "length(customer) < 40")
     records = produce_orders(broker, warm, 300, seed=12)
-    assert warm_up(spark, warm.spec) > 0
+    done = warm_up(spark, warm.spec, broker.bootstrap_servers)
+    assert done.seconds > 0
+    assert done.offsets == 300  # the plan ran over every record there is (fewer than its sample)
+    assert done.rows_out == len(_per_customer(records))  # the query's groups came out, and were dropped
+    assert _batches(engine, warm) == 0
     before = _compilations(spark)
     assert run_pipeline(engine, warm.spec, db_url, broker.bootstrap_servers, lambda: spark).batches == 1
     assert _compilations(spark) == before
@@ -72,7 +83,9 @@ def test_a_per_column_transform_is_warmed_up_too(engine, db_url, broker, spark, 
 
     warm = make_pipeline(partitions=2, transform={"customer": "concat(lower(customer), '-warm')"})
     records = produce_orders(broker, warm, 100, seed=14)
-    warm_up(spark, warm.spec)
+    done = warm_up(spark, warm.spec, broker.bootstrap_servers)
+    assert done.rows_out == done.offsets == 100  # a row per record, bad ones too
+    assert _batches(engine, warm) == 0
     before = _compilations(spark)
     run_pipeline(engine, warm.spec, db_url, broker.bootstrap_servers, lambda: spark)
     assert _compilations(spark) == before
@@ -82,10 +95,10 @@ def test_a_per_column_transform_is_warmed_up_too(engine, db_url, broker, spark, 
     assert staged == sorted((o["order_id"], o["customer"].lower() + "-warm") for o in good)
 
 
-def test_a_plan_that_cannot_run_leaves_the_warm_up_to_its_first_batch(engine, spark, make_pipeline, caplog):
+def test_a_plan_that_cannot_run_leaves_the_warm_up_to_its_first_batch(engine, broker, spark, make_pipeline, caplog):
     """The warm-up is only a head start: a query Spark refuses is reported by the batch, not by the warm-up."""
     p = _pipeline(make_pipeline, "no_such_column > 1")
-    with caplog.at_level(logging.WARNING, logger="ledgerbatch.stage.driver"):
-        warm_up(spark, p.spec)
+    with caplog.at_level(logging.WARNING, logger="ledgerbatch.stage.warm_up"):
+        assert warm_up(spark, p.spec, broker.bootstrap_servers).rows_out == 0
     assert "the warm-up did not finish" in caplog.text
     assert "no_such_column" in caplog.text

@@ -1,8 +1,8 @@
 import pytest
 
 from ledgerbatch.errors import DataLossError, LedgerbatchError
-from ledgerbatch.model.ranges import (OffsetRange, Watermarks, cut_at_bytes, plan_ranges, split_budget, start_offsets,
-                                     too_early)
+from ledgerbatch.model.ranges import (OffsetRange, Watermarks, cut_at_bytes, newest_ranges, plan_ranges, split_budget,
+                                      start_offsets, too_early)
 
 
 def test_split_budget_serves_small_lags_whole_and_splits_the_rest_evenly():
@@ -83,3 +83,10 @@ def test_too_early_waits_for_min_records_until_max_delay():
     assert not too_early(10, 100, 61.0, 60.0)  # the oldest waited long enough
     assert not too_early(100, 100, 5.0, 60.0) and not too_early(0, 100, 5.0, 60.0)
     assert not too_early(10, 100, None, 60.0)  # its age unknown: do not hold it back
+
+
+def test_newest_ranges_share_the_sample_among_the_partitions_that_hold_records():
+    ends = {("t", 0): Watermarks(0, 1000), ("t", 1): Watermarks(5, 5), ("t", 2): Watermarks(990, 1000), ("u", 0): Watermarks(7, 100)}
+    assert newest_ranges(ends, 100) == (OffsetRange("t", 0, 966, 1000), OffsetRange("t", 2, 990, 1000),
+                                        OffsetRange("u", 0, 66, 100))
+    assert newest_ranges(ends, 0) == () and newest_ranges({("t", 1): Watermarks(5, 5)}, 100) == ()

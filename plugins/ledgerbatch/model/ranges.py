@@ -141,3 +141,13 @@ def too_early(pending: int, min_records: int, oldest_age_s: float | None, max_de
     """Whether to wait for more records before planning: fewer than `min_records` offsets are pending and
     the oldest of them (its record's age, None when unknown) is younger than `max_delay_s`."""
     return 0 < pending < min_records and oldest_age_s is not None and oldest_age_s < max_delay_s
+
+
+def newest_ranges(partitions: dict[TopicPartition, Watermarks], records: int) -> tuple[OffsetRange, ...]:
+    """About `records` of the newest offsets, shared evenly among the partitions that hold any (a warm-up's
+    sample: whatever the log holds, delivered or not)."""
+    held = {tp: w for tp, w in sorted(partitions.items()) if w.high > w.low}
+    if not held or records <= 0:
+        return ()
+    each = -(-records // len(held))
+    return tuple(OffsetRange(t, p, max(w.low, w.high - each), w.high) for (t, p), w in held.items())

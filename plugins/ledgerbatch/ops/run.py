@@ -32,9 +32,9 @@ from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
 from ledgerbatch.spec.pipeline import PipelineSpec
-from ledgerbatch.stage.driver import warm_up
 from ledgerbatch.stage.process import process_batch
 from ledgerbatch.stage.tables import drop_finished_staging
+from ledgerbatch.stage.warm_up import warm_up
 
 log = logging.getLogger(__name__)
 LAG_EVERY_S = 5.0  # how often a following run measures its lag for the metrics (it reads Kafka)
@@ -62,7 +62,7 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
     drop_finished_staging(engine, spec.name)
     if follow_idle_s is not None:  # be warm before the first batch arrives
         spark = spark_factory()
-        log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm_up(spark, spec))
+        log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm_up(spark, spec, bootstrap_servers).seconds)
     while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
         if time.monotonic() - lag_at >= LAG_EVERY_S:
             record_lag(engine, spec, bootstrap_servers)

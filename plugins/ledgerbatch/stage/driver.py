@@ -16,10 +16,9 @@ from ledgerbatch.ledger.batches import mark_staged, staged_reads
 from ledgerbatch.model.reconcile import query_counts
 from ledgerbatch.spark.session import is_connect
 from ledgerbatch.spec.pipeline import PipelineSpec
-from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, Parsing, StagingJob
+from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob
 from ledgerbatch.stage.tasks import parse_good_rows, parse_ranges, stage_output, stage_parsed, stage_ranges
-from ledgerbatch.stage.tables import output_order
-from ledgerbatch.stage.transform import output_columns, output_spec, query_inputs, run_query, view_struct
+from ledgerbatch.stage.transform import run_query, view_struct
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +44,16 @@ def _stage_direct(spark, engine: Engine, job: StagingJob) -> None:
 def _stage_dataframe(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
     """The transform is per-column Spark SQL: parsed rows go through a DataFrame and back to Python tasks
     that stage them, one range per task (a range is staged in one transaction)."""
-    plan = _transform_plan(_over_ranges(spark, job, len(job.ranges)), spec, functools.partial(parse_ranges, job=job),
+    plan = transform_plan(_over_ranges(spark, job, len(job.ranges)), spec, functools.partial(parse_ranges, job=job),
                            functools.partial(stage_parsed, job=job))
     _mark_ranges(engine, job, plan.collect())
 
 
-def _transform_plan(ranges, spec: PipelineSpec, parse, stage):
-    """Ranges (one row each) -> their parsed rows -> the per-column transform -> the tasks that stage them."""
+def transform_plan(ranges, spec: PipelineSpec, parse, stage, counts=COUNTS):
+    """Ranges (one row each) -> their parsed rows -> the per-column transform -> the tasks that stage them
+    (which give `counts` rows)."""
     parsed = ranges.mapInArrow(parse, staged_struct(spec.columns, spec.metadata, spec.changes))
-    return apply_transform(parsed, spec).mapInArrow(stage, COUNTS)
+    return apply_transform(parsed, spec).mapInArrow(stage, counts)
 
 
 def _mark_ranges(engine: Engine, job: StagingJob, rows: list) -> None:
@@ -68,7 +68,7 @@ def _stage_query(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> 
     parsed, the query's output by Python tasks after it; then the attempt's reads and output are recorded."""
     tasks = min(len(job.ranges), 2 * default_parallelism(spark))
     parse, stage = functools.partial(parse_good_rows, job=job), functools.partial(stage_output, job=job)
-    output = _query_plan(_over_ranges(spark, job, tasks), spec, job.inputs, job.output, parse, stage).collect()
+    output = query_plan(_over_ranges(spark, job, tasks), spec, job.inputs, job.output, parse, stage).collect()
     with engine.begin() as conn:
         reads = staged_reads(conn, job.batch_id, job.attempt)
         unread = [str(r) for r in job.ranges if r.topic_partition not in reads]
@@ -80,7 +80,7 @@ def _stage_query(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> 
                     filtered=filtered, groups=groups)
 
 
-def _query_plan(ranges, spec: PipelineSpec, inputs: tuple[str, ...], output: tuple[str, ...], parse, stage):
+def query_plan(ranges, spec: PipelineSpec, inputs: tuple[str, ...], output: tuple[str, ...], parse, stage):
     """Ranges (one row each) -> the good rows' `inputs` -> the query -> its `output` -> the tasks that COPY it."""
     parsed = ranges.mapInArrow(parse, view_struct(spec, inputs))
     return run_query(ranges.sparkSession, parsed, spec).select(*output).mapInArrow(stage, OUTPUT_COUNTS)
@@ -124,46 +124,3 @@ def default_parallelism(spark) -> int:
 
 
 _PARALLELISM: dict[str, int] = {}
-
-
-def warm_up(spark, spec: PipelineSpec) -> float:
-    """Make the first batch of a long-lived driver (`run --follow`) as quick as the ones after it: start the
-    executors' Python workers, each with the staging code imported and the spec's parser run once, and run
-    a transform's plan over no records, so that Spark has generated and compiled its code. Returns the
-    seconds taken."""
-    import time
-
-    from pyspark.sql.types import LongType, StructField, StructType
-
-    started = time.monotonic()
-    tasks = 2 * default_parallelism(spark)
-    slots = spark.range(0, tasks, 1, tasks)  # one row per warm-up task
-    try:
-        ids = StructType([StructField("id", LongType())])
-        slots.mapInArrow(functools.partial(_warm_worker, parsing=Parsing.of(spec)), ids).collect()
-        if spec.query is not None:
-            output = output_order(output_spec(spec, output_columns(spark, spec)))
-            _query_plan(slots, spec, query_inputs(spark, spec), output, _no_rows, _no_rows).collect()
-        elif spec.transform:
-            _transform_plan(slots, spec, _no_rows, _no_rows).collect()
-    except Exception as exc:  # only a head start: the first batch reports what is wrong
-        log.warning("%s: the warm-up did not finish (%s); the first batch will tell", spec.name,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    return time.monotonic() - started
-
-
-def _warm_worker(batches, parsing: Parsing):
-    """A warm-up task: import the staging code and parse one throwaway value, which pays once for what the
-    parser's first chunk would (Arrow's readers and kernels)."""
-    from ledgerbatch.source.reader import Records
-    from ledgerbatch.stage import tasks  # noqa: F401  (importing it is the point)
-
-    parsing.parser().parse("warm-up", 0, Records([0], [None], [b"{}"], [None], [None]))
-    yield from batches
-
-
-def _no_rows(batches):
-    """A task of the warm-up's plan: it reads its input and gives nothing."""
-    for _ in batches:
-        pass
-    return iter(())

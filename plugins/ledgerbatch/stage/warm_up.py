@@ -1,0 +1,120 @@
+"""A long-lived driver's warm-up (`run --follow`): make its first batch as quick as the ones after it.
+
+What a first batch paid more than a later one is paid once per process: each Python worker's start and
+its parser's first chunk, Spark generating and compiling a transform's code (Janino), and the JIT
+compiling the JVM's hot paths of that plan (Arrow in, the query, Arrow out), which only records make
+hot. So the warm-up parses one throwaway value in every worker, then runs the transform's plan, the one
+a batch runs, over a sample of the topics' newest records, and drops its output. It writes nothing:
+reading a record twice changes nothing in Kafka, and the batches read their ranges as ever.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from ledgerbatch.model.ranges import OffsetRange, newest_ranges
+from ledgerbatch.source.kafka import consumer_config, watermarks
+from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.stage.driver import default_parallelism, query_plan, transform_plan
+from ledgerbatch.stage.job import OUTPUT_COUNTS, Parsing
+from ledgerbatch.stage.tables import output_order
+from ledgerbatch.stage.transform import output_columns, output_spec, query_inputs
+
+log = logging.getLogger(__name__)
+
+# Newest records a warm-up task runs through a transform's plan. A first filter batch of 1M orders took
+# 1.47x the floor against 1.09x for a later one while the warm-up ran the plan over no records, and 1.13x
+# with 50,000 a task (docs/performance.md).
+RECORDS_PER_TASK = 50_000
+STALL_TIMEOUT_S = 10.0  # the sample is already in the log: a read that stalls this long gives up
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    seconds: float
+    offsets: int = 0  # the sample a transform's plan ran over (offsets of the newest records)
+    rows_out: int = 0  # the rows it gave, dropped
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the warm-up's tasks read (pickled to executors): the ranges, how to read and parse them, and
+    for a query the columns of `batch` it reads (its input is good records only)."""
+    ranges: tuple[OffsetRange, ...]
+    kafka: dict
+    parsing: Parsing
+    inputs: tuple[str, ...] | None = None
+
+
+def warm_up(spark, spec: PipelineSpec, bootstrap_servers: str) -> WarmUp:
+    """Start the executors' Python workers, each with the staging code imported and the spec's parser run
+    once; then run a transform's plan over RECORDS_PER_TASK of the newest records a task. A warm-up that
+    fails is logged and left to the first batch, which reports what is wrong."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    started = time.monotonic()
+    tasks = 2 * default_parallelism(spark)
+    offsets = rows_out = 0
+    try:
+        slots = spark.range(0, tasks, 1, tasks)  # one row per warm-up task, as many tasks as a batch's
+        parsing = Parsing.of(spec)
+        slots.mapInArrow(functools.partial(_warm_worker, parsing=parsing), StructType([StructField("id", LongType())])).collect()
+        if spec.query is not None or spec.transform:
+            ends = watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
+            sample = Sample(newest_ranges(ends, RECORDS_PER_TASK * tasks),
+                            consumer_config(bootstrap_servers, dict(spec.kafka_options)), parsing,
+                            query_inputs(spark, spec) if spec.query is not None else None)
+            ranges = spark.range(0, len(sample.ranges), 1, tasks)  # none when the topics are empty
+            read = functools.partial(_sample_rows, sample=sample)
+            if spec.query is not None:
+                output = output_order(output_spec(spec, output_columns(spark, spec)))
+                counts = query_plan(ranges, spec, sample.inputs, output, read, _count_rows).collect()
+            else:
+                counts = transform_plan(ranges, spec, read, _count_rows, OUTPUT_COUNTS).collect()
+            offsets, rows_out = sum(r.span for r in sample.ranges), sum(c.rows for c in counts)
+    except Exception as exc:  # only a head start: the first batch reports what is wrong
+        log.warning("%s: the warm-up did not finish (%s); the first batch will tell", spec.name,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    done = WarmUp(time.monotonic() - started, offsets, rows_out)
+    if spec.query is not None or spec.transform:
+        log.info("%s: warm-up: the transform's plan ran over the newest %d offsets, %d rows out (dropped), %.1fs",
+                 spec.name, done.offsets, done.rows_out, done.seconds)
+    return done
+
+
+def _warm_worker(batches, parsing: Parsing):
+    """A warm-up task: import the staging code and parse one throwaway value, which pays once for what the
+    parser's first chunk would (Arrow's readers and kernels)."""
+    from ledgerbatch.source.reader import Records
+    from ledgerbatch.stage import tasks  # noqa: F401  (importing it is the point)
+
+    parsing.parser().parse("warm-up", 0, Records([0], [None], [b"{}"], [None], [None]))
+    yield from batches
+
+
+def _sample_rows(ids: Iterator, sample: Sample) -> Iterator:
+    """mapInArrow body over the sample's range indexes: this task's ranges read and parsed as a batch's are,
+    bad records left out for a query."""
+    import pyarrow.compute as pc
+
+    from ledgerbatch.source.reader import read_ranges
+
+    parser = sample.parsing.parser()
+    ranges = [sample.ranges[i] for id_batch in ids for i in id_batch.column(0).to_pylist()]
+    for rng, chunks in read_ranges(ranges, sample.kafka, STALL_TIMEOUT_S, bool(sample.parsing.metadata)):
+        for chunk in chunks:
+            batch = parser.parse(rng.topic, rng.partition, chunk)
+            if sample.inputs is not None:
+                batch = batch.filter(pc.is_null(batch.column("_error"))).select(list(sample.inputs))
+            yield batch
+
+
+def _count_rows(batches) -> Iterator:
+    """A warm-up task's end of the plan: it takes the output in, as a staging task would, and drops it."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    yield pa.RecordBatch.from_pylist([{"rows": sum(b.num_rows for b in batches)}], schema=to_arrow_schema(OUTPUT_COUNTS))
