@@ -202,7 +202,7 @@ Avro contender.
   `ledger.batch_ranges`, 2 x Spark's default parallelism, which under `local[*]` is the cores the process may
   use). The schema ids are those in the produced values' wire-format prefix. The figure is requests / (schema ids x
   tasks), of the worst run.
-- **Peak memory**: the process tree (children included) sampled every 100 ms, the peak of the summed PSS.
+- **Peak memory**: the process tree (children included) sampled every 250 ms, the peak of the summed PSS (the kernel's `smaps_rollup`).
   PSS rather than RSS because Spark's Python workers fork from one daemon and share most pages. Roles: `java`
   is the JVM (driver and executors of `local[*]`), a Python process under the JVM is a Spark Python worker,
   any other Python is the driver.

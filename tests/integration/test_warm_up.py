@@ -45,7 +45,8 @@ def _per_customer(records) -> dict:
 def _batches(engine, p) -> int:
     """What the pipeline has in the ledger: the warm-up writes nothing."""
     with engine.connect() as conn:
-        return conn.execute(text("SELECT count(*) FROM ledger.batches WHERE pipeline = :p"), {"p": p.spec.name}).scalar()
+        return conn.execute(text("SELECT count(*) FROM ledger.batches WHERE pipeline = :p"),
+                            {"p": p.spec.name}).scalar()
 
 
 def _target(engine, p) -> dict:

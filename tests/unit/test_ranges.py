@@ -86,7 +86,13 @@ def test_too_early_waits_for_min_records_until_max_delay():
 
 
 def test_newest_ranges_share_the_sample_among_the_partitions_that_hold_records():
-    ends = {("t", 0): Watermarks(0, 1000), ("t", 1): Watermarks(5, 5), ("t", 2): Watermarks(990, 1000), ("u", 0): Watermarks(7, 100)}
-    assert newest_ranges(ends, 100) == (OffsetRange("t", 0, 966, 1000), OffsetRange("t", 2, 990, 1000),
-                                        OffsetRange("u", 0, 66, 100))
-    assert newest_ranges(ends, 0) == () and newest_ranges({("t", 1): Watermarks(5, 5)}, 100) == ()
+    ends = {("t", 0): Watermarks(0, 1000), ("t", 1): Watermarks(5, 5), ("t", 2): Watermarks(990, 1000),
+            ("u", 0): Watermarks(7, 100)}
+    assert newest_ranges(ends, 100, 10) == (OffsetRange("t", 0, 966, 1000), OffsetRange("t", 2, 990, 1000),
+                                            OffsetRange("u", 0, 66, 100))
+    assert newest_ranges(ends, 0, 10) == () and newest_ranges({("t", 1): Watermarks(5, 5)}, 100, 10) == ()
+
+
+def test_newest_ranges_read_at_most_so_many_partitions():
+    ends = {("t", p): Watermarks(0, 1000) for p in range(6)}
+    assert newest_ranges(ends, 100, 2) == (OffsetRange("t", 0, 950, 1000), OffsetRange("t", 1, 950, 1000))

@@ -143,10 +143,10 @@ def too_early(pending: int, min_records: int, oldest_age_s: float | None, max_de
     return 0 < pending < min_records and oldest_age_s is not None and oldest_age_s < max_delay_s
 
 
-def newest_ranges(partitions: dict[TopicPartition, Watermarks], records: int) -> tuple[OffsetRange, ...]:
-    """About `records` of the newest offsets, shared evenly among the partitions that hold any (a warm-up's
-    sample: whatever the log holds, delivered or not)."""
-    held = {tp: w for tp, w in sorted(partitions.items()) if w.high > w.low}
+def newest_ranges(partitions: dict[TopicPartition, Watermarks], records: int, most: int) -> tuple[OffsetRange, ...]:
+    """About `records` of the newest offsets, shared evenly among the first `most` partitions that hold any
+    (a warm-up's sample: whatever the log holds, delivered or not)."""
+    held = dict([(tp, w) for tp, w in sorted(partitions.items()) if w.high > w.low][:most])
     if not held or records <= 0:
         return ()
     each = -(-records // len(held))

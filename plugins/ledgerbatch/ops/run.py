@@ -62,7 +62,8 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
     drop_finished_staging(engine, spec.name)
     if follow_idle_s is not None:  # be warm before the first batch arrives
         spark = spark_factory()
-        log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm_up(spark, spec, bootstrap_servers).seconds)
+        warm = warm_up(spark, spec, bootstrap_servers)
+        log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm.seconds)
     while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
         if time.monotonic() - lag_at >= LAG_EVERY_S:
             record_lag(engine, spec, bootstrap_servers)

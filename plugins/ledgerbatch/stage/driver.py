@@ -45,7 +45,7 @@ def _stage_dataframe(spark, engine: Engine, spec: PipelineSpec, job: StagingJob)
     """The transform is per-column Spark SQL: parsed rows go through a DataFrame and back to Python tasks
     that stage them, one range per task (a range is staged in one transaction)."""
     plan = transform_plan(_over_ranges(spark, job, len(job.ranges)), spec, functools.partial(parse_ranges, job=job),
-                           functools.partial(stage_parsed, job=job))
+                          functools.partial(stage_parsed, job=job))
     _mark_ranges(engine, job, plan.collect())
 
 

@@ -26,9 +26,10 @@ from ledgerbatch.stage.transform import output_columns, output_spec, query_input
 log = logging.getLogger(__name__)
 
 # Newest records a warm-up task runs through a transform's plan. A first filter batch of 1M orders took
-# 1.47x the floor against 1.09x for a later one while the warm-up ran the plan over no records, and 1.13x
-# with 50,000 a task (docs/performance.md).
+# 1.41x the floor while the warm-up ran the plan over no records, 1.06-1.09x over 50,000 records a task
+# (docs/performance.md).
 RECORDS_PER_TASK = 50_000
+RANGES_PER_TASK = 8  # of as many partitions: a topic of thousands would open a consumer for each
 STALL_TIMEOUT_S = 10.0  # the sample is already in the log: a read that stalls this long gives up
 
 
@@ -60,29 +61,34 @@ def warm_up(spark, spec: PipelineSpec, bootstrap_servers: str) -> WarmUp:
     offsets = rows_out = 0
     try:
         slots = spark.range(0, tasks, 1, tasks)  # one row per warm-up task, as many tasks as a batch's
-        parsing = Parsing.of(spec)
-        slots.mapInArrow(functools.partial(_warm_worker, parsing=parsing), StructType([StructField("id", LongType())])).collect()
+        worker = functools.partial(_warm_worker, parsing=Parsing.of(spec))
+        slots.mapInArrow(worker, StructType([StructField("id", LongType())])).collect()
         if spec.query is not None or spec.transform:
-            ends = watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
-            sample = Sample(newest_ranges(ends, RECORDS_PER_TASK * tasks),
-                            consumer_config(bootstrap_servers, dict(spec.kafka_options)), parsing,
-                            query_inputs(spark, spec) if spec.query is not None else None)
-            ranges = spark.range(0, len(sample.ranges), 1, tasks)  # none when the topics are empty
-            read = functools.partial(_sample_rows, sample=sample)
-            if spec.query is not None:
-                output = output_order(output_spec(spec, output_columns(spark, spec)))
-                counts = query_plan(ranges, spec, sample.inputs, output, read, _count_rows).collect()
-            else:
-                counts = transform_plan(ranges, spec, read, _count_rows, OUTPUT_COUNTS).collect()
-            offsets, rows_out = sum(r.span for r in sample.ranges), sum(c.rows for c in counts)
+            offsets, rows_out = _run_plan(spark, spec, bootstrap_servers, tasks)
+            log.info("%s: warm-up: the transform's plan ran over the newest %d offsets, %d rows out (dropped)",
+                     spec.name, offsets, rows_out)
     except Exception as exc:  # only a head start: the first batch reports what is wrong
         log.warning("%s: the warm-up did not finish (%s); the first batch will tell", spec.name,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    done = WarmUp(time.monotonic() - started, offsets, rows_out)
-    if spec.query is not None or spec.transform:
-        log.info("%s: warm-up: the transform's plan ran over the newest %d offsets, %d rows out (dropped), %.1fs",
-                 spec.name, done.offsets, done.rows_out, done.seconds)
-    return done
+    return WarmUp(time.monotonic() - started, offsets, rows_out)
+
+
+def _run_plan(spark, spec: PipelineSpec, bootstrap_servers: str, tasks: int) -> tuple[int, int]:
+    """Run the transform's plan, as a batch of `tasks` staging tasks would, over a sample of the newest
+    records; returns the offsets sampled and the rows that came out."""
+    options = dict(spec.kafka_options)
+    newest = newest_ranges(watermarks(bootstrap_servers, spec.topics, options), RECORDS_PER_TASK * tasks,
+                           RANGES_PER_TASK * tasks)
+    sample = Sample(newest, consumer_config(bootstrap_servers, options), Parsing.of(spec),
+                    query_inputs(spark, spec) if spec.query is not None else None)
+    ranges = spark.range(0, len(newest), 1, tasks)  # none when the topics are empty: the plan still compiles
+    read = functools.partial(_sample_rows, sample=sample)
+    if spec.query is not None:
+        output = output_order(output_spec(spec, output_columns(spark, spec)))
+        counts = query_plan(ranges, spec, sample.inputs, output, read, _count_rows).collect()
+    else:
+        counts = transform_plan(ranges, spec, read, _count_rows, OUTPUT_COUNTS).collect()
+    return sum(r.span for r in newest), sum(c.rows for c in counts)
 
 
 def _warm_worker(batches, parsing: Parsing):
@@ -117,4 +123,5 @@ def _count_rows(batches) -> Iterator:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    yield pa.RecordBatch.from_pylist([{"rows": sum(b.num_rows for b in batches)}], schema=to_arrow_schema(OUTPUT_COUNTS))
+    rows = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pylist([{"rows": rows}], schema=to_arrow_schema(OUTPUT_COUNTS))
