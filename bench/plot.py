@@ -1,4 +1,5 @@
-"""The benchmark's figure: throughput, peak memory by role, small-batch latency, and scaling with the ledger."""
+"""The benchmark's figure: throughput, peak memory by role, small-batch latency, scaling with the ledger, and
+the aggregate's time a record at growing batch sizes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +18,8 @@ def plot(r: dict, path: Path) -> None:
     c, records = r["contenders"], r["config"]["records"]
     labels = ["floor", "peer", "lb cold", "lb warm", "lb Avro\nwarm", "lb aggregate\nwarm", "lb filter\nwarm",
               "lb 4 batches"]
-    fig, ((thr, mem), (lat, scale)) = plt.subplots(2, 2, figsize=(14, 8))
+    fig, ((thr, mem, lat), (scale, size, spare)) = plt.subplots(2, 3, figsize=(20, 8))
+    fig.delaxes(spare)
     fig.suptitle(f"ledgerbatch benchmark: {records:,} records, {r['config']['partitions']} partitions, "
                  f"median of {r['config']['runs']} (on {r['started'][:10]})")
 
@@ -62,6 +64,23 @@ def plot(r: dict, path: Path) -> None:
     scale.set_title("one 100-record batch vs. ledger size (s)")
     scale.legend()
 
+    _sizes(size, r)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _sizes(ax, r: dict) -> None:
+    """µs a record of the warm aggregate and the floor: the main runs' batch, then each --sizes batch."""
+    c, records = r["contenders"], r["config"]["records"]
+    points = [(records, c["ledgerbatch_aggregate_warm"]["wall_s"], c["floor"]["wall_s"])]
+    points += [(x["records"], x["aggregate_s"], x["floor_s"]) for x in r.get("sizes") or []]
+    points.sort()
+    ns = [n for n, _, _ in points]
+    ax.plot(ns, [a / n * 1e6 for n, a, _ in points], "o-", color="tab:purple", label="lb aggregate warm")
+    ax.plot(ns, [f / n * 1e6 for n, _, f in points], "s--", color="grey", label="floor")
+    ax.set_xscale("log")
+    ax.set_xlabel("records in the batch")
+    ax.set_ylim(bottom=0)
+    ax.set_title("time a record (µs) vs. batch size")
+    ax.legend()

@@ -68,12 +68,30 @@ def targets(r: dict) -> list[dict]:
         ("commit share of the one-batch wall, aggregate warm", agg["commit_share"], "<= 10%", lambda v: v <= 0.10, ".1%", ""),
         ("aggregate totals equal the produced records' totals (median run)", agg.get("totals_equal"), "yes",
          lambda v: v is True, "", ""),
+        ("wall ledgerbatch aggregate warm / floor (one batch)", agg["wall_s"] / c["floor"]["wall_s"], "<= 1.25x",
+         lambda v: v <= 1.25, ".2f", "x"),
+        ("wall ledgerbatch filter warm / floor (one batch)", filt["wall_s"] / c["floor"]["wall_s"], "<= 1.25x",
+         lambda v: v <= 1.25, ".2f", "x"),
+        ("wall ledgerbatch JSON warm / floor (one batch), issue #25", warm["wall_s"] / c["floor"]["wall_s"], "<= 1.0x",
+         lambda v: v <= 1.0, ".2f", "x"),
+        ("aggregate time a record, largest size / this run's batch", _size_drift(r), "flat (within 20%)",
+         lambda v: v <= 0.20, "+.1%", ""),
         ("driver memory growth, small -> full batch", growth("python"), "flat (<= 20%)", lambda v: v <= 0.20, "+.1%", ""),
         ("executor memory growth, small -> full batch", growth("executor"), "flat (<= 20%)", lambda v: v <= 0.20, "+.1%", ""),
         ("JVM memory growth, small -> full batch", growth("jvm"), "flat (<= 20%)", lambda v: v <= 0.20, "+.1%", ""),
     ]
     return [{"what": what, "value": value, "shown": _fmt(value, spec, unit), "target": target,
              "met": None if value is None else bool(ok(value))} for what, value, target, ok, spec, unit in rows]
+
+
+def _size_drift(r: dict):
+    """How far the aggregate's time a record at the largest --sizes batch is from the main runs' batch."""
+    sizes = r.get("sizes") or []
+    if not sizes:
+        return None
+    agg, records = r["contenders"]["ledgerbatch_aggregate_warm"], r["config"]["records"]
+    largest = max(sizes, key=lambda x: x["records"])
+    return abs((largest["aggregate_s"] / largest["records"]) / (agg["wall_s"] / records) - 1)
 
 
 def _verdict(met) -> str:
@@ -130,6 +148,14 @@ def tables(r: dict) -> str:
     for s in r["scaling"]:
         out.append(f"| {s.get('mode', 'append')} | {s['historic_batches']:,} | {s['plan_s']:.3f} | {s['commit_s']:.3f} | "
                    f"{s['plan_commit_s']:.3f} | {_fmt(s.get('replay_commit_s'), '.3f')} | {s['setup_s']} |")
+    if r.get("sizes"):
+        agg = c["ledgerbatch_aggregate_warm"]
+        out += ["", "| aggregate batch of | floor s | aggregate s | aggregate µs a record | aggregate / floor |",
+                "| --- | ---: | ---: | ---: | ---: |",
+                f"| {records:,} (medians above) | {c['floor']['wall_s']:.2f} | {agg['wall_s']:.2f} | "
+                f"{agg['wall_s'] / records * 1e6:.2f} | {agg['wall_s'] / c['floor']['wall_s']:.2f}x |"]
+        out += [f"| {x['records']:,} (one run) | {x['floor_s']:.2f} | {x['aggregate_s']:.2f} | "
+                f"{x['aggregate_s'] / x['records'] * 1e6:.2f} | {x['aggregate_s'] / x['floor_s']:.2f}x |" for x in r["sizes"]]
     out += ["", "| target | measured | wanted | verdict |", "| --- | ---: | --- | --- |"]
     out += [f"| {t['what']} | {t['shown']} | {t['target']} | {_verdict(t['met'])} |" for t in r["targets"]]
     return "\n".join(out)
@@ -202,6 +228,10 @@ Avro contender.
   `ledger.batch_ranges`, 2 x Spark's default parallelism, which under `local[*]` is the cores the process may
   use). The schema ids are those in the produced values' wire-format prefix. The figure is requests / (schema ids x
   tasks), of the worst run.
+- **Aggregate at growing sizes** (`bench/sizes.py`, `--sizes`): for each size, its own topic of that many
+  orders (same partitions), then one run of the floor and one of the warm aggregate contender on it, measured as
+  above; the aggregate's totals are checked against the produced values' at every size. One run each, so no
+  medians: the first row is the main runs' medians.
 - **Peak memory**: the process tree (children included) sampled every 250 ms, the peak of the summed PSS (the kernel's `smaps_rollup`).
   PSS rather than RSS because Spark's Python workers fork from one daemon and share most pages. Roles: `java`
   is the JVM (driver and executors of `local[*]`), a Python process under the JVM is a Spark Python worker,
@@ -227,8 +257,8 @@ Avro contender.
 
 ```bash
 {cfg['command']}
-make bench          # python -m bench.run --records 1000000 --partitions 32 --runs 3 --historic 1000,100000,1000000
-make bench-smoke    # python -m bench.run --records 20000 --partitions 4 --runs 1 --historic 100,1000 --latency-repeats 1 --scaling-repeats 2 --docs bench/results/smoke
+make bench          # python -m bench.run --records 1000000 --partitions 32 --runs 3 --historic 1000,100000,1000000 --sizes 4000000,10000000
+make bench-smoke    # python -m bench.run --records 20000 --partitions 4 --runs 1 --historic 100,1000 --latency-repeats 1 --scaling-repeats 2 --sizes 40000 --docs bench/results/smoke
 ```
 
 ## Machine

@@ -1,8 +1,8 @@
 """The benchmark driver (issue #5): floor, peer and ledgerbatch on the same data (ledgerbatch warm on it as JSON
-and as Avro too, issue #10), then latency and scaling.
+and as Avro too, issue #10), then latency, scaling with the ledger, and the aggregate at growing sizes.
 
-    python -m bench.run [--records N] [--partitions P] [--runs R] [--historic N1,N2,...] [--broker kafka|mock]
-                        [--out DIR] [--docs DIR]
+    python -m bench.run [--records N] [--partitions P] [--runs R] [--historic N1,N2,...] [--sizes N1,N2,...]
+                        [--broker kafka|mock] [--out DIR] [--docs DIR]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from ledgerbatch.dev.demodata import produce_orders
 from ledgerbatch.dev.registry import DevRegistry
 
-from . import floor, lb, plot, report, transforms
+from . import floor, lb, plot, report, sizes, transforms
 from .avro import AvroOrders
 from .common import BROKERS, DB_PREFIX, REPO, SERVER_URL, BrokerProcess, check_retained, child_env, median_run
 from .latency import Latency
@@ -32,7 +32,7 @@ from .peer import Peer
 TOPIC, AVRO_TOPIC, LATENCY_TOPIC = "bench", "bench_avro", "latency"
 
 
-def _sizes(value: str) -> list[int]:
+def _ints(value: str) -> list[int]:
     return [int(v) for v in value.split(",") if v]
 
 
@@ -41,10 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--partitions", type=int, default=32)
     p.add_argument("--runs", type=int, default=3, help="runs per contender; figures are medians")
-    p.add_argument("--historic", type=_sizes, default=[1_000, 100_000, 1_000_000],
+    p.add_argument("--historic", type=_ints, default=[1_000, 100_000, 1_000_000],
                    help="historic batch counts for the scaling figure (comma-separated)")
     p.add_argument("--latency-repeats", type=int, default=3)
     p.add_argument("--scaling-repeats", type=int, default=7, help="timed plan+commit batches per historic size")
+    p.add_argument("--sizes", type=_ints, default=[],
+                   help="more batch sizes for the aggregate beside the floor, one run each (comma-separated)")
     p.add_argument("--broker", choices=sorted(BROKERS), default="kafka",
                    help="a real Apache Kafka 2.3 (default) or librdkafka's mock cluster, which serves from memory")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where the JSON results go")
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python -m bench.run " + shlex.join(sys.argv[1:] if argv is None else argv)
     load_at_start = os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="lb_bench_"))
-    broker = BrokerProcess({TOPIC: args.partitions, AVRO_TOPIC: args.partitions, LATENCY_TOPIC: 4}, args.broker)
+    topics = {TOPIC: args.partitions, AVRO_TOPIC: args.partitions, LATENCY_TOPIC: 4}
+    broker = BrokerProcess(topics | {sizes.topic(n): args.partitions for n in args.sizes}, args.broker)
     registry = DevRegistry()
     try:
         print(f"{broker.kind} broker {broker.bootstrap}: producing {args.records:,} orders into {args.partitions} partitions", flush=True)
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         results["latency"] = {"cold": latency.cold(args.latency_repeats), "warm": latency.warm(args.latency_repeats)}
         print(f"scaling: {args.historic} historic batches", flush=True)
         results["scaling"] = scaling(broker.bootstrap, args, workdir)
+        results["sizes"] = sizes.aggregate_at_sizes(broker.bootstrap, args.sizes, args.partitions, workdir)
     finally:
         registry.stop()
         broker.close()
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
         drop_databases()
     results["config"] = {"broker": args.broker, "records": args.records, "partitions": args.partitions, "runs": args.runs,
                          "historic": args.historic, "latency_repeats": args.latency_repeats,
-                         "scaling_repeats": args.scaling_repeats, "command": command}
+                         "scaling_repeats": args.scaling_repeats, "sizes": args.sizes, "command": command}
     # Other work on these shared cores skews every figure: the load shows how much there was.
     results["machine"] = report.machine() | {"load_1min": [round(load_at_start, 2), round(os.getloadavg()[0], 2)]}
     results["targets"] = report.targets(results)
