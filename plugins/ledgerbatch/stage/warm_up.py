@@ -13,15 +13,15 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterator
 
-from ledgerbatch.model.ranges import OffsetRange, newest_ranges
+from ledgerbatch.model.ranges import newest_ranges
 from ledgerbatch.source.kafka import consumer_config, watermarks
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.driver import default_parallelism, query_plan, transform_plan
 from ledgerbatch.stage.job import OUTPUT_COUNTS, Parsing
 from ledgerbatch.stage.tables import output_order
 from ledgerbatch.stage.transform import output_columns, output_spec, query_inputs
+from ledgerbatch.stage.warm_tasks import Sample, count_rows, sample_rows, warm_worker
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 # (docs/performance.md).
 RECORDS_PER_TASK = 50_000
 RANGES_PER_TASK = 8  # of as many partitions: a topic of thousands would open a consumer for each
-STALL_TIMEOUT_S = 10.0  # the sample is already in the log: a read that stalls this long gives up
 
 
 @dataclass(frozen=True)
@@ -38,16 +37,6 @@ class WarmUp:
     seconds: float
     offsets: int = 0  # the sample a transform's plan ran over (offsets of the newest records)
     rows_out: int = 0  # the rows it gave, dropped
-
-
-@dataclass(frozen=True)
-class Sample:
-    """What the warm-up's tasks read (pickled to executors): the ranges, how to read and parse them, and
-    for a query the columns of `batch` it reads (its input is good records only)."""
-    ranges: tuple[OffsetRange, ...]
-    kafka: dict
-    parsing: Parsing
-    inputs: tuple[str, ...] | None = None
 
 
 def warm_up(spark, spec: PipelineSpec, bootstrap_servers: str) -> WarmUp:
@@ -61,7 +50,7 @@ def warm_up(spark, spec: PipelineSpec, bootstrap_servers: str) -> WarmUp:
     offsets = rows_out = 0
     try:
         slots = spark.range(0, tasks, 1, tasks)  # one row per warm-up task, as many tasks as a batch's
-        worker = functools.partial(_warm_worker, parsing=Parsing.of(spec))
+        worker = functools.partial(warm_worker, parsing=Parsing.of(spec))
         slots.mapInArrow(worker, StructType([StructField("id", LongType())])).collect()
         if spec.query is not None or spec.transform:
             offsets, rows_out = _run_plan(spark, spec, bootstrap_servers, tasks)
@@ -82,46 +71,10 @@ def _run_plan(spark, spec: PipelineSpec, bootstrap_servers: str, tasks: int) -> 
     sample = Sample(newest, consumer_config(bootstrap_servers, options), Parsing.of(spec),
                     query_inputs(spark, spec) if spec.query is not None else None)
     ranges = spark.range(0, len(newest), 1, tasks)  # none when the topics are empty: the plan still compiles
-    read = functools.partial(_sample_rows, sample=sample)
+    read = functools.partial(sample_rows, sample=sample)
     if spec.query is not None:
         output = output_order(output_spec(spec, output_columns(spark, spec)))
-        counts = query_plan(ranges, spec, sample.inputs, output, read, _count_rows).collect()
+        counts = query_plan(ranges, spec, sample.inputs, output, read, count_rows).collect()
     else:
-        counts = transform_plan(ranges, spec, read, _count_rows, OUTPUT_COUNTS).collect()
+        counts = transform_plan(ranges, spec, read, count_rows, OUTPUT_COUNTS).collect()
     return sum(r.span for r in newest), sum(c.rows for c in counts)
-
-
-def _warm_worker(batches, parsing: Parsing):
-    """A warm-up task: import the staging code and parse one throwaway value, which pays once for what the
-    parser's first chunk would (Arrow's readers and kernels)."""
-    from ledgerbatch.source.reader import Records
-    from ledgerbatch.stage import tasks  # noqa: F401  (importing it is the point)
-
-    parsing.parser().parse("warm-up", 0, Records([0], [None], [b"{}"], [None], [None]))
-    yield from batches
-
-
-def _sample_rows(ids: Iterator, sample: Sample) -> Iterator:
-    """mapInArrow body over the sample's range indexes: this task's ranges read and parsed as a batch's are,
-    bad records left out for a query."""
-    import pyarrow.compute as pc
-
-    from ledgerbatch.source.reader import read_ranges
-
-    parser = sample.parsing.parser()
-    ranges = [sample.ranges[i] for id_batch in ids for i in id_batch.column(0).to_pylist()]
-    for rng, chunks in read_ranges(ranges, sample.kafka, STALL_TIMEOUT_S, bool(sample.parsing.metadata)):
-        for chunk in chunks:
-            batch = parser.parse(rng.topic, rng.partition, chunk)
-            if sample.inputs is not None:
-                batch = batch.filter(pc.is_null(batch.column("_error"))).select(list(sample.inputs))
-            yield batch
-
-
-def _count_rows(batches) -> Iterator:
-    """A warm-up task's end of the plan: it takes the output in, as a staging task would, and drops it."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    rows = sum(b.num_rows for b in batches)
-    yield pa.RecordBatch.from_pylist([{"rows": rows}], schema=to_arrow_schema(OUTPUT_COUNTS))

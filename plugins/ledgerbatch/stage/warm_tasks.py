@@ -1,0 +1,57 @@
+"""A follower's warm-up, executor side (stage/warm_up.py starts it): what its Spark tasks run. Like
+tasks.py, it imports without sqlalchemy, which executors do not have."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.stage.job import OUTPUT_COUNTS, Parsing
+
+STALL_TIMEOUT_S = 10.0  # the sample is already in the log: a read that stalls this long gives up
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the warm-up's tasks read (pickled to executors): the ranges, how to read and parse them, and
+    for a query the columns of `batch` it reads (its input is good records only)."""
+    ranges: tuple[OffsetRange, ...]
+    kafka: dict
+    parsing: Parsing
+    inputs: tuple[str, ...] | None = None
+
+
+def warm_worker(batches, parsing: Parsing):
+    """A warm-up task: import the staging code and parse one throwaway value, which pays once for what the
+    parser's first chunk would (Arrow's readers and kernels)."""
+    from ledgerbatch.source.reader import Records
+    from ledgerbatch.stage import tasks  # noqa: F401  (importing it is the point)
+
+    parsing.parser().parse("warm-up", 0, Records([0], [None], [b"{}"], [None], [None]))
+    yield from batches
+
+
+def sample_rows(ids: Iterator, sample: Sample) -> Iterator:
+    """mapInArrow body over the sample's range indexes: this task's ranges read and parsed as a batch's are,
+    bad records left out for a query."""
+    import pyarrow.compute as pc
+
+    from ledgerbatch.source.reader import read_ranges
+
+    parser = sample.parsing.parser()
+    ranges = [sample.ranges[i] for id_batch in ids for i in id_batch.column(0).to_pylist()]
+    for rng, chunks in read_ranges(ranges, sample.kafka, STALL_TIMEOUT_S, bool(sample.parsing.metadata)):
+        for chunk in chunks:
+            batch = parser.parse(rng.topic, rng.partition, chunk)
+            if sample.inputs is not None:
+                batch = batch.filter(pc.is_null(batch.column("_error"))).select(list(sample.inputs))
+            yield batch
+
+
+def count_rows(batches) -> Iterator:
+    """A warm-up task's end of the plan: it takes the output in, as a staging task would, and drops it."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    rows = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pylist([{"rows": rows}], schema=to_arrow_schema(OUTPUT_COUNTS))
