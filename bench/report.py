@@ -149,7 +149,6 @@ def tables(r: dict) -> str:
         out.append(f"| {s.get('mode', 'append')} | {s['historic_batches']:,} | {s['plan_s']:.3f} | {s['commit_s']:.3f} | "
                    f"{s['plan_commit_s']:.3f} | {_fmt(s.get('replay_commit_s'), '.3f')} | {s['setup_s']} |")
     if r.get("sizes"):
-        agg = c["ledgerbatch_aggregate_warm"]
         out += ["", "| aggregate batch of | floor s | aggregate s | aggregate µs a record | aggregate / floor |",
                 "| --- | ---: | ---: | ---: | ---: |",
                 f"| {records:,} (medians above) | {c['floor']['wall_s']:.2f} | {agg['wall_s']:.2f} | "

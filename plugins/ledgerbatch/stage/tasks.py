@@ -106,7 +106,8 @@ def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
 def parse_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     """mapInArrow body of a per-column-transform pipeline over spark.range(len(job.ranges)) in one slice per
     range: read and parse the task's range, every row on to the transform, then to `stage_parsed`, which
-    stages the bad ones too. Raw values never cross into the JVM."""
+    stages the bad ones too. Raw values never cross into the JVM. A warm-up's sample (warm_tasks.Sample,
+    with the same ranges, kafka, stall_timeout_s and parsing) is read through it too."""
     parser = job.parsing.parser()
     for rng, records in _task_ranges(ids, job):
         yield from _parsed(rng, records, parser)

@@ -13,12 +13,14 @@ STALL_TIMEOUT_S = 10.0  # the sample is already in the log: a read that stalls t
 
 @dataclass(frozen=True)
 class Sample:
-    """What the warm-up's tasks read (pickled to executors): the ranges, how to read and parse them, and
-    for a query the columns of `batch` it reads (its input is good records only)."""
+    """What the warm-up's tasks read (pickled to executors): the ranges, how to read and parse them (the
+    fields tasks.parse_ranges reads of a StagingJob), and for a query the columns of `batch` it reads (its
+    input is good records only)."""
     ranges: tuple[OffsetRange, ...]
     kafka: dict
     parsing: Parsing
     inputs: tuple[str, ...] | None = None
+    stall_timeout_s: float = STALL_TIMEOUT_S
 
 
 def warm_worker(batches, parsing: Parsing):
@@ -32,20 +34,16 @@ def warm_worker(batches, parsing: Parsing):
 
 
 def sample_rows(ids: Iterator, sample: Sample) -> Iterator:
-    """mapInArrow body over the sample's range indexes: this task's ranges read and parsed as a batch's are,
-    bad records left out for a query."""
+    """mapInArrow body over the sample's range indexes: this task's ranges read and parsed as a batch's are
+    (tasks.parse_ranges), bad records left out for a query."""
     import pyarrow.compute as pc
 
-    from ledgerbatch.source.reader import read_ranges
+    from ledgerbatch.stage.tasks import parse_ranges
 
-    parser = sample.parsing.parser()
-    ranges = [sample.ranges[i] for id_batch in ids for i in id_batch.column(0).to_pylist()]
-    for rng, chunks in read_ranges(ranges, sample.kafka, STALL_TIMEOUT_S, bool(sample.parsing.metadata)):
-        for chunk in chunks:
-            batch = parser.parse(rng.topic, rng.partition, chunk)
-            if sample.inputs is not None:
-                batch = batch.filter(pc.is_null(batch.column("_error"))).select(list(sample.inputs))
-            yield batch
+    for batch in parse_ranges(ids, sample):
+        if sample.inputs is not None:
+            batch = batch.filter(pc.is_null(batch.column("_error"))).select(list(sample.inputs))
+        yield batch
 
 
 def count_rows(batches) -> Iterator:

@@ -50,10 +50,11 @@ def warm_up(spark, spec: PipelineSpec, bootstrap_servers: str) -> WarmUp:
     offsets = rows_out = 0
     try:
         slots = spark.range(0, tasks, 1, tasks)  # one row per warm-up task, as many tasks as a batch's
-        worker = functools.partial(warm_worker, parsing=Parsing.of(spec))
-        slots.mapInArrow(worker, StructType([StructField("id", LongType())])).collect()
+        parsing = Parsing.of(spec)
+        ids = StructType([StructField("id", LongType())])
+        slots.mapInArrow(functools.partial(warm_worker, parsing=parsing), ids).collect()
         if spec.query is not None or spec.transform:
-            offsets, rows_out = _run_plan(spark, spec, bootstrap_servers, tasks)
+            offsets, rows_out = _run_plan(spark, spec, parsing, bootstrap_servers, tasks)
             log.info("%s: warm-up: the transform's plan ran over the newest %d offsets, %d rows out (dropped)",
                      spec.name, offsets, rows_out)
     except Exception as exc:  # only a head start: the first batch reports what is wrong
@@ -62,13 +63,13 @@ def warm_up(spark, spec: PipelineSpec, bootstrap_servers: str) -> WarmUp:
     return WarmUp(time.monotonic() - started, offsets, rows_out)
 
 
-def _run_plan(spark, spec: PipelineSpec, bootstrap_servers: str, tasks: int) -> tuple[int, int]:
+def _run_plan(spark, spec: PipelineSpec, parsing: Parsing, bootstrap_servers: str, tasks: int) -> tuple[int, int]:
     """Run the transform's plan, as a batch of `tasks` staging tasks would, over a sample of the newest
     records; returns the offsets sampled and the rows that came out."""
     options = dict(spec.kafka_options)
     newest = newest_ranges(watermarks(bootstrap_servers, spec.topics, options), RECORDS_PER_TASK * tasks,
                            RANGES_PER_TASK * tasks)
-    sample = Sample(newest, consumer_config(bootstrap_servers, options), Parsing.of(spec),
+    sample = Sample(newest, consumer_config(bootstrap_servers, options), parsing,
                     query_inputs(spark, spec) if spec.query is not None else None)
     ranges = spark.range(0, len(newest), 1, tasks)  # none when the topics are empty: the plan still compiles
     read = functools.partial(sample_rows, sample=sample)
