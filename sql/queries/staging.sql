@@ -44,6 +44,16 @@ SELECT to_regclass('ledger_staging.' || quote_ident(:bad)) IS NOT NULL
 -- The commit shuts out any straggling writer of the attempt before it counts and moves the rows.
 LOCK TABLE ledger_staging.{staging}, ledger_staging.{bad} IN ACCESS EXCLUSIVE MODE;
 
+-- name: cheap_parallel_scans
+-- Until default_parallel_scans: a staging table just filled has no statistics yet, and without these
+-- PostgreSQL counts its 1M rows in one process (0.17-0.23 s) where two workers take 0.09-0.12 s.
+SET LOCAL parallel_setup_cost = 0;
+SET LOCAL parallel_tuple_cost = 0;
+
+-- name: default_parallel_scans
+SET LOCAL parallel_setup_cost TO DEFAULT;
+SET LOCAL parallel_tuple_cost TO DEFAULT;
+
 -- name: staged_counts
 SELECT _topic AS topic, _partition AS partition, sum(rows)::bigint AS rows, sum(bad)::bigint AS bad
 FROM (SELECT _topic, _partition, count(*) AS rows, 0 AS bad FROM ledger_staging.{staging} GROUP BY 1, 2

@@ -118,7 +118,11 @@ def lock_staging(conn: Connection, staging: str) -> None:
 
 
 def staged_counts(conn: Connection, staging: str) -> list:
-    return conn.execute(text(query("staged_counts", staging=staging, bad=bad_name(staging)))).all()
+    """Rows and bad records per partition, counted by parallel workers (the commit waits for the count)."""
+    conn.execute(text(query("cheap_parallel_scans")))
+    counts = conn.execute(text(query("staged_counts", staging=staging, bad=bad_name(staging)))).all()
+    conn.execute(text(query("default_parallel_scans")))
+    return counts
 
 
 def staged_changes(conn: Connection, staging: str) -> tuple[int, int]:
