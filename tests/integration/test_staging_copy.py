@@ -1,4 +1,4 @@
-"""A range's COPYs (stage/tasks.py: copy_range) on the real PostgreSQL server: the good rows stream into one
+"""A range's COPYs (stage/csv_copy.py: copy_range) on the real PostgreSQL server: the good rows stream into one
 COPY while bad records are held back for their own, ending it early when too many wait; an error in the
 records being read comes out as itself and leaves nothing staged; a retry replaces the earlier try."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from ledgerbatch.config import libpq_dsn
 from ledgerbatch.source.reader import RangeReadError, Records
-from ledgerbatch.stage import tasks
+from ledgerbatch.stage import csv_copy
 from ledgerbatch.stage.job import Parsing
 from ledgerbatch.stage.tables import bad_name, drop_staging, open_staging
 
@@ -58,8 +58,8 @@ def _staged(engine, table) -> tuple[list, list]:
 def test_good_rows_and_bad_records_of_a_range_are_all_staged_when_bad_ones_end_the_copy_early(
         engine, staging, monkeypatch):
     p, table, conn = staging
-    monkeypatch.setattr(tasks, "BAD_HELD", 7)  # 4 bad records a chunk: the COPY of good rows ends every 2 chunks
-    counts = tasks.copy_range(_chunks(p, range(250)), table, conn)
+    monkeypatch.setattr(csv_copy, "BAD_HELD", 7)  # 4 bad records a chunk: the COPY of good rows ends every 2 chunks
+    counts = csv_copy.copy_range(_chunks(p, range(250)), table, conn)
 
     assert counts == (p.topic, 0, 250, 50, 0, 0)
     good, bad = _staged(engine, table)
@@ -70,14 +70,14 @@ def test_good_rows_and_bad_records_of_a_range_are_all_staged_when_bad_ones_end_t
 def test_an_error_while_reading_comes_out_as_itself_and_leaves_nothing_of_the_range(engine, staging):
     p, table, conn = staging
     with pytest.raises(RangeReadError, match="offsets lost"):
-        tasks.copy_range(_chunks(p, range(100), fail_after=3), table, conn)
+        csv_copy.copy_range(_chunks(p, range(100), fail_after=3), table, conn)
     assert _staged(engine, table) == ([], [])
 
 
 def test_a_retried_range_replaces_what_the_earlier_try_staged(engine, staging):
     p, table, conn = staging
-    tasks.copy_range(_chunks(p, range(60)), table, conn)
-    assert tasks.copy_range(_chunks(p, range(60)), table, conn) == (p.topic, 0, 60, 12, 0, 0)
+    csv_copy.copy_range(_chunks(p, range(60)), table, conn)
+    assert csv_copy.copy_range(_chunks(p, range(60)), table, conn) == (p.topic, 0, 60, 12, 0, 0)
     good, bad = _staged(engine, table)
     assert [r._offset for r in good] == [o for o in range(60) if o % 5]
     assert bad == list(range(0, 60, 5))

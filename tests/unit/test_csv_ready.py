@@ -3,7 +3,7 @@ import datetime as dt
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ledgerbatch.stage.tasks import _csv_ready
+from ledgerbatch.stage.csv_copy import _csv_ready
 
 UTC = dt.timezone.utc
 
