@@ -64,17 +64,12 @@ def offsets_at(bootstrap_servers: str, ends: dict[TP, Watermarks], ms: int,
     ListOffsets by time); the end offset where no record is that late."""
     consumer = Consumer(consumer_config(bootstrap_servers, options))
     try:
-        found = consumer.offsets_for_times([TopicPartition(t, p, ms) for t, p in sorted(ends)], timeout=METADATA_TIMEOUT_S)
+        found = _list_offsets(consumer, sorted(ends), ms)
     except KafkaException as exc:
-        raise ConfigError(f"offset look-up by time failed: {exc.args[0].str()}") from None
+        raise ConfigError(f"offset look-up by time failed: {exc.args[0].str()}; give offsets instead") from None
     finally:
         consumer.close()
-    out = {}
-    for tp in found:
-        if tp.error is not None:
-            raise ConfigError(f"the broker cannot resolve timestamps to offsets: {tp.error.str()}; give offsets instead")
-        out[(tp.topic, tp.partition)] = ends[(tp.topic, tp.partition)].high if tp.offset < 0 else tp.offset
-    return out
+    return {tp: ends[tp].high if offset < 0 else offset for tp, offset in found.items()}
 
 
 def timestamps_at(bootstrap_servers: str, positions: dict[TP, int], options: dict[str, str] | None = None,

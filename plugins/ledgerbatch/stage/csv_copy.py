@@ -49,7 +49,6 @@ class _RangeTally:
     def good_rows(self, batches: Iterator, columns: list[str], batch_id: int) -> Iterator[list]:
         """Each batch's good rows as the arrays of `columns` and the batch id, until `batches` ends (done)
         or BAD_HELD bad records wait for their COPY."""
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         for batch in batches:
@@ -62,8 +61,7 @@ class _RangeTally:
                     changes = batch.column("_change")
                     self.deleted += pc.sum(pc.equal(changes, "d")).as_py() or 0
                     self.skipped += pc.sum(pc.equal(changes, "s")).as_py() or 0
-                batch_ids = pa.repeat(pa.scalar(batch_id, pa.int64()), batch.num_rows)
-                yield [batch.column(n) for n in columns] + [batch_ids]
+                yield with_batch_id([batch.column(n) for n in columns], batch_id)
             if self._held >= BAD_HELD:
                 return
         self.done = True
@@ -79,6 +77,13 @@ class _RangeTally:
     def take_bad(self) -> list:
         bad, self._bad, self._held = self._bad, [], 0
         return bad
+
+
+def with_batch_id(arrays: list, batch_id: int) -> list:
+    """`arrays` (Arrow, of equal length) and the batch id beside them: every staged row ends with it."""
+    import pyarrow as pa
+
+    return arrays + [pa.repeat(pa.scalar(batch_id, pa.int64()), len(arrays[0]))]
 
 
 def _split_bad(batch):

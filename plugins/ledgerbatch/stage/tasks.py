@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from ledgerbatch.stage.csv_copy import copy_range, copy_stream, stage_bad
+from ledgerbatch.stage.csv_copy import copy_range, copy_stream, stage_bad, with_batch_id
 from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob, StagingTable
 
 
@@ -123,7 +123,6 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
     record (or group), like a retry of a task that had committed, collide with the staging table's
     unique key and fail the attempt."""
     import psycopg2
-    import pyarrow as pa
 
     rows = 0
 
@@ -131,7 +130,7 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
         nonlocal rows
         for batch in batches:
             rows += batch.num_rows
-            yield [batch.column(n) for n in job.output] + [pa.repeat(pa.scalar(job.batch_id, pa.int64()), batch.num_rows)]
+            yield with_batch_id([batch.column(n) for n in job.output], job.batch_id)
 
     try:
         with staging_connection(job.table) as conn, conn, conn.cursor() as cur:
