@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
-exec python -m pytest tests "$@"
+exec python -m pytest "$@"  # testpaths (pyproject.toml) is tests/ when no path is given
