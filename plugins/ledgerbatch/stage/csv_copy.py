@@ -3,7 +3,7 @@ in one streamed COPY, bad records in theirs), and the CSV that psycopg2 sends as
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from ledgerbatch.formats.schema import COORDINATE_NAMES
 from ledgerbatch.model.statements import StagingStatements
@@ -61,7 +61,7 @@ class _RangeTally:
                     changes = batch.column("_change")
                     self.deleted += pc.sum(pc.equal(changes, "d")).as_py() or 0
                     self.skipped += pc.sum(pc.equal(changes, "s")).as_py() or 0
-                yield with_batch_id([batch.column(n) for n in columns], batch_id)
+                yield staged_arrays(batch, columns, batch_id)
             if self._held >= BAD_HELD:
                 return
         self.done = True
@@ -79,11 +79,11 @@ class _RangeTally:
         return bad
 
 
-def with_batch_id(arrays: list, batch_id: int) -> list:
-    """`arrays` (Arrow, of equal length) and the batch id beside them: every staged row ends with it."""
+def staged_arrays(batch, columns: Sequence[str], batch_id: int) -> list:
+    """The arrays of `batch`'s `columns` and the batch id beside them, as every staged row ends with it."""
     import pyarrow as pa
 
-    return arrays + [pa.repeat(pa.scalar(batch_id, pa.int64()), len(arrays[0]))]
+    return [batch.column(n) for n in columns] + [pa.repeat(pa.scalar(batch_id, pa.int64()), batch.num_rows)]
 
 
 def _split_bad(batch):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from ledgerbatch.stage.csv_copy import copy_range, copy_stream, stage_bad, with_batch_id
+from ledgerbatch.stage.csv_copy import copy_range, copy_stream, stage_bad, staged_arrays
 from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob, StagingTable
 
 
@@ -130,7 +130,7 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
         nonlocal rows
         for batch in batches:
             rows += batch.num_rows
-            yield with_batch_id([batch.column(n) for n in job.output], job.batch_id)
+            yield staged_arrays(batch, job.output, job.batch_id)
 
     try:
         with staging_connection(job.table) as conn, conn, conn.cursor() as cur:
