@@ -14,7 +14,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
 
-TEST_DB = os.environ.get("LEDGERBATCH_TEST_DB", "ledgerbatch_test")  # separate test sessions need separate names
+
+def per_worker(name: str) -> str:
+    """`name` for this test process: pytest-xdist's workers (CI runs two) each get their own database."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{name}_{worker}" if worker else name
+
+
+TEST_DB = os.environ.get("LEDGERBATCH_TEST_DB", per_worker("ledgerbatch_test"))  # separate sessions need separate names
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its clean-up logs after pytest closed the streams
 _names = itertools.count()
 
