@@ -21,6 +21,10 @@ DELETE FROM ledger_staging.{bad} WHERE _topic = %(topic)s AND _partition = %(par
 -- Executors (psycopg2): good rows as CSV, columns in the listed order.
 COPY ledger_staging.{staging} ({columns}, _topic, _partition, _offset, _batch_id) FROM STDIN WITH (FORMAT csv);
 
+-- name: staging_copy_binary
+-- Executors (psycopg2): good rows in PostgreSQL's binary format (stage/binary_copy.py), no text to parse.
+COPY ledger_staging.{staging} ({columns}, _topic, _partition, _offset, _batch_id) FROM STDIN WITH (FORMAT binary);
+
 -- name: staging_copy_bad
 COPY ledger_staging.{bad} (_topic, _partition, _offset, _error, _key, _value) FROM STDIN WITH (FORMAT csv);
 

@@ -49,3 +49,10 @@ def test_bench_smoke_runs_every_contender_and_writes_the_report(tmp_path):
     assert "| ledgerbatch, one batch into a per-minute aggregate (warm; rows: groups) |" in doc
     assert "| 40,000 (one run) |" in doc and "| aggregate time a record, largest size / this run's batch |" in doc
     assert (docs / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_copy_formats_stores_the_same_rows_both_ways():
+    done = subprocess.run([sys.executable, "-m", "bench.copy_formats", "--rows", "5000", "--runs", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "both tables hold the same rows" in done.stdout and "binary: python" in done.stdout

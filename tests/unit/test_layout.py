@@ -10,7 +10,7 @@ from pathlib import Path
 from ledgerbatch.spark.package import PACKAGE_DIR
 
 # What Spark tasks import: executors have the package's zip, pyarrow, psycopg2 and confluent-kafka, not sqlalchemy.
-EXECUTOR_MODULES = ["model", "source.reader", "formats", "stage.job", "stage.csv_copy", "stage.tasks", "stage.warm_tasks"]
+EXECUTOR_MODULES = ["model", "source.reader", "formats", "stage.job", "stage.csv_copy", "stage.binary_copy", "stage.tasks", "stage.warm_tasks"]
 
 
 def _modules() -> dict[str, Path]:

@@ -1,9 +1,11 @@
 """The COPYs of staging, executor side: a range's parsed Arrow batches into its staging tables (good rows
-in one streamed COPY, bad records in theirs), and the CSV that psycopg2 sends as COPY data."""
+in one streamed COPY, bad records in theirs), and the COPY data that psycopg2 sends: CSV, or PostgreSQL's
+binary format (binary_copy.py) for good rows whose every column type it encodes."""
 from __future__ import annotations
 
+import functools
 import itertools
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ledgerbatch.formats.schema import COORDINATE_NAMES
 from ledgerbatch.model.statements import StagingStatements
@@ -31,7 +33,7 @@ def copy_range(batches: Iterator, table: StagingTable, conn) -> tuple[str, int, 
         cur.execute(sql.delete, {"topic": tally.topic, "partition": tally.partition})
         while not tally.done:
             copy_stream(cur, sql.copy, tally.good_rows(batches, list(table.columns) + list(COORDINATE_NAMES),
-                                                       table.batch_id))
+                                                       table.batch_id), table.binary_types)
             copy_stream(cur, sql.copy_bad, ([b.column(n) for n in BAD_COLUMNS] for b in tally.take_bad()))
     return tally.topic, tally.partition, tally.rows, tally.bad, tally.deleted, tally.skipped
 
@@ -106,35 +108,50 @@ def stage_bad(cur, sql: StagingStatements, batch):
     return good, bad.num_rows
 
 
-class CsvStream:
-    """The data of one COPY as psycopg2's copy_expert reads it: the CSV of each list of Arrow arrays in
-    `parts`, made once the one before is sent. COPY data needs no reply, so PostgreSQL parses and indexes
-    one part while the task reads and parses the next, where a COPY a part waited for each. An error in
-    `parts` is kept: psycopg2 reports it only as the server's "COPY from stdin failed"."""
+class CopyStream:
+    """The data of one COPY as psycopg2's copy_expert reads it: `encode` of each list of Arrow arrays in
+    `parts`, made once the one before is sent, between `header` and `trailer`. COPY data needs no reply,
+    so PostgreSQL parses and indexes one part while the task reads and parses the next, where a COPY a
+    part waited for each. An error in `parts` is kept: psycopg2 reports it only as the server's "COPY
+    from stdin failed"."""
 
-    def __init__(self, parts: Iterator[list]):
-        self._parts = parts
+    def __init__(self, parts: Iterator[list], encode: Callable[[list], bytes], header: bytes = b"",
+                 trailer: bytes = b""):
+        self._data = (d for d in self._pieces(parts, encode, header, trailer) if d)
         self.error: BaseException | None = None
+
+    @staticmethod
+    def _pieces(parts, encode, header: bytes, trailer: bytes) -> Iterator[bytes]:
+        yield header
+        for arrays in parts:
+            if len(arrays[0]):
+                yield encode(arrays)
+        yield trailer
 
     def read(self, size: int = -1) -> bytes:
         try:
-            for arrays in self._parts:
-                if len(arrays[0]):
-                    return _csv(arrays)
-            return b""
+            return next(self._data, b"")
         except BaseException as exc:
             self.error = exc
             raise
 
 
-def copy_stream(cur, sql: str, parts) -> None:
-    """One COPY of the CSV of every part (a list of Arrow arrays in the statement's column order); none
-    runs if `parts` is empty. An error in `parts` is raised as itself."""
+def copy_stream(cur, sql: str, parts, binary_types: tuple[str, ...] = ()) -> None:
+    """One COPY of every part (a list of Arrow arrays in the statement's column order): CSV, or binary
+    with `binary_types` (the columns' types; `sql` then says FORMAT binary). None runs if `parts` is
+    empty. An error in `parts` is raised as itself."""
     parts = iter(parts)
     first = next((p for p in parts if len(p[0])), None)
     if first is None:
         return
-    stream = CsvStream(itertools.chain([first], parts))
+    parts = itertools.chain([first], parts)
+    if binary_types:
+        from ledgerbatch.stage import binary_copy
+
+        encode = functools.partial(binary_copy.binary_rows, pg_types=binary_types)
+        stream = CopyStream(parts, encode, binary_copy.HEADER, binary_copy.TRAILER)
+    else:
+        stream = CopyStream(parts, _csv)
     try:
         cur.copy_expert(sql, stream)
     except Exception:

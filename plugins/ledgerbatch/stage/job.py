@@ -50,12 +50,14 @@ class Parsing:
 @dataclass(frozen=True)
 class StagingTable:
     """Where a task stages: the ledger database, the attempt's staging table and its statements, the
-    spec's column names and the batch id every good row carries."""
+    spec's column names and the batch id every good row carries. `binary_types`: the types of the good
+    rows' COPY columns where it is binary (statements.copy says so), else empty: CSV."""
     dsn: str
     name: str
     statements: StagingStatements
     columns: tuple[str, ...]
     batch_id: int
+    binary_types: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

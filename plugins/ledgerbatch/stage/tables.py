@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from ledgerbatch.formats.schema import COORDINATE_NAMES
+from ledgerbatch.formats.schema import COORDINATE_NAMES, LINEAGE
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import finished_staging_tables, staged_read_statement
 from ledgerbatch.model.statements import StagingStatements
@@ -48,6 +48,16 @@ def staged_column_names(spec: PipelineSpec) -> list[str]:
     return column_names(spec) + (["_change"] if spec.changes else [])
 
 
+def binary_types(spec: PipelineSpec) -> tuple[str, ...]:
+    """The types of the good rows' COPY columns where that COPY can be binary, else (): a pipeline without
+    a query, whose rows have the staged types (a query's output has its own), every one encodable."""
+    from ledgerbatch.stage import binary_copy
+
+    types = tuple(c.pg_type for c in spec.stored_columns) + (("text",) if spec.changes else ())
+    types += tuple(c.pg_type for c in LINEAGE)
+    return types if spec.query is None and binary_copy.encodable(types) else ()
+
+
 def staging_defs(spec: PipelineSpec) -> Fragment:
     defs = column_defs(spec)
     if spec.changes:  # a delete row holds only the key, a skipped record (a tombstone) nothing but lineage
@@ -58,7 +68,8 @@ def staging_defs(spec: PipelineSpec) -> Fragment:
 def staging_statements(spec: PipelineSpec, staging: str) -> StagingStatements:
     """What an attempt's staging tasks run, rendered here because executors may not have sql/. `spec`
     is the target's view of it (a query pipeline's: transform.output_spec)."""
-    copy = query("staging_copy", staging=staging, columns=staged_column_names(spec))
+    copy = query("staging_copy_binary" if binary_types(spec) else "staging_copy", staging=staging,
+                 columns=staged_column_names(spec))
     if spec.query is None:
         return StagingStatements(session=query("staging_session"), lock=query("staging_task_lock"), copy=copy,
                                  delete=query("staging_delete_partition", staging=staging, bad=bad_name(staging)),
@@ -85,7 +96,8 @@ def open_staging(conn: Connection, spec: PipelineSpec, batch_id: int, attempt: i
     `spec` is the target's view of the pipeline (a query pipeline's: transform.output_spec)."""
     name = staging_name(batch_id, attempt)
     create_staging(conn, spec, name, batch_id)
-    return StagingTable(dsn, name, staging_statements(spec, name), tuple(staged_column_names(spec)), batch_id)
+    return StagingTable(dsn, name, staging_statements(spec, name), tuple(staged_column_names(spec)), batch_id,
+                        binary_types(spec))
 
 
 def create_staging(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> None:
