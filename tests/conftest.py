@@ -21,7 +21,7 @@ def per_worker(name: str) -> str:
     return f"{name}_{worker}" if worker else name
 
 
-TEST_DB = os.environ.get("LEDGERBATCH_TEST_DB", per_worker("ledgerbatch_test"))  # separate sessions need separate names
+TEST_DB = per_worker(os.environ.get("LEDGERBATCH_TEST_DB", "ledgerbatch_test"))  # separate sessions need separate names
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its clean-up logs after pytest closed the streams
 _names = itertools.count()
 

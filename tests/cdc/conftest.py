@@ -20,7 +20,7 @@ from ..conftest import per_worker
 from . import source_db
 from .capture import Capture, debezium_properties
 
-CDC_DB = os.environ.get("LEDGERBATCH_CDC_TEST_DB", per_worker("ledgerbatch_cdc_test"))  # separate sessions need separate names
+CDC_DB = per_worker(os.environ.get("LEDGERBATCH_CDC_TEST_DB", "ledgerbatch_cdc_test"))  # separate sessions need separate names
 _names = itertools.count()
 
 

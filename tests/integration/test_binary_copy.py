@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from ledgerbatch.config import libpq_dsn
-from ledgerbatch.stage import binary_copy, csv_copy
+from ledgerbatch.stage import csv_copy
 from ledgerbatch.stage.tables import binary_types
 
 pytestmark = pytest.mark.integration
