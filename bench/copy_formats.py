@@ -13,13 +13,12 @@ import os
 import statistics
 import time
 from decimal import Decimal
-from functools import partial
 
 import numpy as np
 import psycopg2
 import pyarrow as pa
 
-from ledgerbatch.stage import binary_copy, csv_copy
+from ledgerbatch.stage import csv_copy
 
 from .common import fresh_database, libpq
 
@@ -68,12 +67,7 @@ def one_copy(conn, fmt: str, arrays: list) -> tuple[float, float]:
         pid = cur.fetchone()[0]
     conn.commit()
     parts = ([a.slice(i, PART) for a in arrays] for i in range(0, len(arrays[0]), PART))
-    if fmt == "binary":
-        stream = csv_copy.CopyStream(parts, partial(binary_copy.binary_rows, pg_types=TYPES), binary_copy.HEADER,
-                                     binary_copy.TRAILER)
-    else:
-        stream = csv_copy.CopyStream(parts, csv_copy._csv)
-    timed = _Timed(stream)
+    timed = _Timed(csv_copy.CopyStream.of(parts, TYPES if fmt == "binary" else ()))
     before = _server_cpu(pid)
     with conn.cursor() as cur:
         cur.copy_expert(f"COPY rows_{fmt} FROM STDIN WITH (FORMAT {fmt})", timed)

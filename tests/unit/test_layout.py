@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ledgerbatch.spark.package import PACKAGE_DIR
 
-# What Spark tasks import: executors have the package's zip, pyarrow, psycopg2 and confluent-kafka, not sqlalchemy.
+# What Spark tasks import: executors have the package's zip, pyarrow, numpy, psycopg2 and confluent-kafka, not sqlalchemy.
 EXECUTOR_MODULES = ["model", "source.reader", "formats", "stage.job", "stage.csv_copy", "stage.binary_copy", "stage.tasks", "stage.warm_tasks"]
 
 

@@ -40,10 +40,8 @@ def binary_rows(arrays: list, pg_types: tuple[str, ...]) -> bytes:
 
 
 def _encoder(pg_type: str) -> Callable | None:
-    if pg_type in _FIXED:
-        return _FIXED[pg_type]
-    if pg_type in ("text", "jsonb"):
-        return _text if pg_type == "text" else _jsonb
+    if pg_type in _ENCODERS:
+        return _ENCODERS[pg_type]
     if pg_type.startswith("numeric("):
         precision, scale = (int(x) for x in pg_type[len("numeric("):-1].split(","))
         if precision <= _MAX_DECIMAL_PRECISION and scale <= _MAX_DECIMAL_SCALE:
@@ -141,8 +139,8 @@ def _unscaled(array):
     return words[2 * array.offset: 2 * (array.offset + len(array)): 2].copy()
 
 
-_FIXED = {
+_ENCODERS = {  # numeric(p,s) apart: whether it has one depends on p and s
     "smallint": _numbers(">i2"), "integer": _numbers(">i4"), "bigint": _numbers(">i8"),
     "real": _numbers(">f4"), "double precision": _numbers(">f8"),
-    "boolean": _bool, "date": _date, "timestamptz": _timestamptz,
+    "boolean": _bool, "date": _date, "timestamptz": _timestamptz, "text": _text, "jsonb": _jsonb,
 }

@@ -120,6 +120,16 @@ class CopyStream:
         self._data = (d for d in self._pieces(parts, encode, header, trailer) if d)
         self.error: BaseException | None = None
 
+    @classmethod
+    def of(cls, parts: Iterator[list], binary_types: tuple[str, ...] = ()) -> CopyStream:
+        """CSV, or the binary format with `binary_types` (the columns' types)."""
+        if not binary_types:
+            return cls(parts, _csv)
+        from ledgerbatch.stage import binary_copy
+
+        encode = functools.partial(binary_copy.binary_rows, pg_types=binary_types)
+        return cls(parts, encode, binary_copy.HEADER, binary_copy.TRAILER)
+
     @staticmethod
     def _pieces(parts, encode, header: bytes, trailer: bytes) -> Iterator[bytes]:
         yield header
@@ -144,14 +154,7 @@ def copy_stream(cur, sql: str, parts, binary_types: tuple[str, ...] = ()) -> Non
     first = next((p for p in parts if len(p[0])), None)
     if first is None:
         return
-    parts = itertools.chain([first], parts)
-    if binary_types:
-        from ledgerbatch.stage import binary_copy
-
-        encode = functools.partial(binary_copy.binary_rows, pg_types=binary_types)
-        stream = CopyStream(parts, encode, binary_copy.HEADER, binary_copy.TRAILER)
-    else:
-        stream = CopyStream(parts, _csv)
+    stream = CopyStream.of(itertools.chain([first], parts), binary_types)
     try:
         cur.copy_expert(sql, stream)
     except Exception:

@@ -65,10 +65,11 @@ def staging_defs(spec: PipelineSpec) -> Fragment:
     return defs
 
 
-def staging_statements(spec: PipelineSpec, staging: str) -> StagingStatements:
+def staging_statements(spec: PipelineSpec, staging: str, binary: bool) -> StagingStatements:
     """What an attempt's staging tasks run, rendered here because executors may not have sql/. `spec`
-    is the target's view of it (a query pipeline's: transform.output_spec)."""
-    copy = query("staging_copy_binary" if binary_types(spec) else "staging_copy", staging=staging,
+    is the target's view of it (a query pipeline's: transform.output_spec); `binary`: its good rows'
+    COPY is binary (binary_types)."""
+    copy = query("staging_copy_binary" if binary else "staging_copy", staging=staging,
                  columns=staged_column_names(spec))
     if spec.query is None:
         return StagingStatements(session=query("staging_session"), lock=query("staging_task_lock"), copy=copy,
@@ -96,8 +97,9 @@ def open_staging(conn: Connection, spec: PipelineSpec, batch_id: int, attempt: i
     `spec` is the target's view of the pipeline (a query pipeline's: transform.output_spec)."""
     name = staging_name(batch_id, attempt)
     create_staging(conn, spec, name, batch_id)
-    return StagingTable(dsn, name, staging_statements(spec, name), tuple(staged_column_names(spec)), batch_id,
-                        binary_types(spec))
+    types = binary_types(spec)
+    return StagingTable(dsn, name, staging_statements(spec, name, bool(types)), tuple(staged_column_names(spec)),
+                        batch_id, types)
 
 
 def create_staging(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> None:
