@@ -39,6 +39,10 @@ ON CONFLICT (batch_id, attempt, topic, partition) DO UPDATE SET records = EXCLUD
 -- Executors (psycopg2), query pipelines: drop the bad records an earlier try of the task left behind.
 DELETE FROM ledger_staging.{bad} WHERE _topic = %(topic)s AND _partition = %(partition)s;
 
--- name: staging_copy_output
--- Executors (psycopg2), query pipelines: the query's output rows as CSV.
+-- name: staging_copy_groups
+-- Executors (psycopg2), aggregate pipelines: the query's output groups as CSV.
 COPY ledger_staging.{staging} ({columns}, _batch_id) FROM STDIN WITH (FORMAT csv);
+
+-- name: staging_copy_groups_binary
+-- Executors (psycopg2), aggregate pipelines: the query's output groups in the binary format.
+COPY ledger_staging.{staging} ({columns}, _batch_id) FROM STDIN WITH (FORMAT binary);

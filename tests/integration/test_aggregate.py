@@ -17,6 +17,8 @@ from ledgerbatch.ledger.batches import delivering_batches
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import BatchFailedError, SpecError
 from ledgerbatch.stage.process import process_batch
+from ledgerbatch.stage.tables import binary_types
+from ledgerbatch.stage.transform import output_columns, output_spec
 from ledgerbatch.model.ranges import OffsetRange
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
 from ledgerbatch.commit.diff import dry_run_diff
@@ -35,6 +37,9 @@ FROM batch WHERE amount > 0 GROUP BY customer, date_trunc('minute', ts)
 """
 AGGREGATE = dict(transform=PER_MINUTE, target__mode="aggregate", target__key=["customer", "minute"],
                  target__measures={"orders": "sum", "revenue": "sum", "smallest": "min", "largest": "max"})
+# The same groups with the sum narrowed to DECIMAL(18,2): every output column then has a binary COPY
+# encoder (stage/binary_copy.py), where sum's DECIMAL(22,2) takes the CSV COPY.
+NARROW_SUM = PER_MINUTE.replace("sum(amount) AS", "CAST(sum(amount) AS DECIMAL(18,2)) AS")
 
 
 def order(i: int, amount: str, minute: int, customer: int) -> bytes:
@@ -90,8 +95,13 @@ def batches(engine, p) -> list:
                                  "ORDER BY batch_id"), {"p": p.name}).all()
 
 
-def test_aggregate_totals_are_exact_and_counted(engine, db_url, broker, spark, make_pipeline):
-    p = make_pipeline(partitions=3, batch__max_records=150, **AGGREGATE)
+@pytest.mark.parametrize("query, copy_types", [
+    (PER_MINUTE, ()),
+    (NARROW_SUM, ("text", "timestamptz", "bigint", "numeric(18,2)", "numeric(12,2)", "numeric(12,2)", "bigint")),
+], ids=["csv", "binary"])
+def test_aggregate_totals_are_exact_and_counted(query, copy_types, engine, db_url, broker, spark, make_pipeline):
+    p = make_pipeline(partitions=3, batch__max_records=150, **{**AGGREGATE, "transform": query})
+    assert binary_types(output_spec(p.spec, output_columns(spark, p.spec))) == copy_types
     records = produce_orders(broker, p, 400, seed=1)
     summary = run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)
     assert summary.batches >= 2 and summary.records_read == 400
@@ -176,6 +186,9 @@ def test_a_backfill_before_a_latest_start_adds_exactly_its_records(engine, db_ur
 
 def test_filtering_append_query_counts_what_it_drops(engine, db_url, broker, spark, make_pipeline):
     p = make_pipeline(partitions=2, transform="SELECT *, upper(customer) AS shout FROM batch WHERE amount > 0")
+    # its output is staged in the binary COPY format, coordinates and batch id last
+    assert binary_types(output_spec(p.spec, output_columns(spark, p.spec))) == (
+        "text", "text", "numeric(12,2)", "timestamptz", "text", "text", "integer", "bigint", "bigint")
     records = produce_orders(broker, p, 140, seed=3)
     summary = run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)
     import json

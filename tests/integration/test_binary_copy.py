@@ -1,5 +1,6 @@
 """Binary COPY (stage/binary_copy.py) on the real PostgreSQL server: every type it encodes, at its edges and
-NULL, stores exactly what the CSV COPY of the same Arrow arrays stores; which pipelines stage in binary."""
+NULL, stores exactly what the CSV COPY of the same Arrow arrays stores; which pipelines stage in binary (query
+pipelines: tests/integration/test_aggregate.py)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from ledgerbatch.config import libpq_dsn
-from ledgerbatch.stage import csv_copy
+from ledgerbatch.stage import binary_copy, csv_copy
 from ledgerbatch.stage.tables import binary_types
 
 pytestmark = pytest.mark.integration
@@ -67,11 +68,17 @@ def test_every_encoded_type_stores_what_the_csv_copy_stores(db_url):
     assert columns[12][1] == "héllo ✓ 𝄞" and columns[13][0] == '{"a": [1, 2.50, "x"], "b": {"c": null}}'
 
 
-def test_pipelines_without_a_query_stage_in_binary_where_every_column_is_encoded(make_pipeline):
+def test_pipelines_stage_in_binary_where_every_column_is_encoded(make_pipeline):
     plain = make_pipeline(partitions=1)
     assert binary_types(plain.spec) == ("text", "text", "numeric(12,2)", "timestamptz", "text", "integer", "bigint", "bigint")
     for overrides in ({"source__schema": "order_id STRING, amount DECIMAL(38,2)"},  # past an int64
                       {"source__schema": "order_id STRING, tags ARRAY<INT>"},  # an array literal, typed by the COPY
-                      {"source__metadata": ["key"]},  # bytea, staged as hex text
-                      {"transform": "SELECT order_id, amount, _topic, _partition, _offset FROM batch"}):  # its own types
+                      {"source__metadata": ["key"]}):  # bytea, staged as hex text
         assert binary_types(make_pipeline(partitions=1, **overrides).spec) == (), overrides
+
+
+def test_a_value_that_does_not_fit_its_column_fails_the_copy_instead_of_wrapping():
+    """A query's output has its Spark types: a bigint into an integer column is checked, not truncated."""
+    assert binary_copy.binary_rows([pa.array([2**31 - 1], pa.int64())], ("integer",)).endswith(b"\x7f\xff\xff\xff")
+    with pytest.raises(pa.ArrowInvalid):
+        binary_copy.binary_rows([pa.array([2**31], pa.int64())], ("integer",))

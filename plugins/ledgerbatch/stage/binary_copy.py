@@ -71,9 +71,11 @@ def _with_nulls(fields, array) -> list:
     return [pc.if_else(pc.is_valid(array), fields, pa.scalar(_NULL, pa.binary()))]
 
 
-def _numbers(dtype: str) -> Callable:
+def _numbers(arrow_type: pa.DataType, dtype: str) -> Callable:
+    """The column's own Arrow type (a query's output has its Spark type's): Arrow's checked cast raises
+    where a value does not fit the column, where numpy's astype would wrap it around."""
     def encode(array):
-        values = array.fill_null(0).to_numpy(zero_copy_only=False).astype(dtype)
+        values = array.cast(arrow_type).fill_null(0).to_numpy(zero_copy_only=False).astype(dtype)
         return _with_nulls(_fixed(values, np.dtype(dtype).itemsize), array)
     return encode
 
@@ -140,7 +142,8 @@ def _unscaled(array):
 
 
 _ENCODERS = {  # numeric(p,s) apart: whether it has one depends on p and s
-    "smallint": _numbers(">i2"), "integer": _numbers(">i4"), "bigint": _numbers(">i8"),
-    "real": _numbers(">f4"), "double precision": _numbers(">f8"),
+    "smallint": _numbers(pa.int16(), ">i2"), "integer": _numbers(pa.int32(), ">i4"),
+    "bigint": _numbers(pa.int64(), ">i8"), "real": _numbers(pa.float32(), ">f4"),
+    "double precision": _numbers(pa.float64(), ">f8"),
     "boolean": _bool, "date": _date, "timestamptz": _timestamptz, "text": _text, "jsonb": _jsonb,
 }

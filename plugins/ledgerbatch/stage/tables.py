@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from ledgerbatch.formats.schema import COORDINATE_NAMES, LINEAGE
+from ledgerbatch.formats.schema import BATCH_ID, COORDINATE_NAMES, LINEAGE
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import finished_staging_tables, staged_read_statement
 from ledgerbatch.model.statements import StagingStatements
@@ -49,13 +49,14 @@ def staged_column_names(spec: PipelineSpec) -> list[str]:
 
 
 def binary_types(spec: PipelineSpec) -> tuple[str, ...]:
-    """The types of the good rows' COPY columns where that COPY can be binary, else (): a pipeline without
-    a query, whose rows have the staged types (a query's output has its own), every one encodable."""
+    """The types of the good rows' COPY columns (a query pipeline's: its output's, as staging_statements'
+    copy_output takes them) where every one has a binary encoder, else ()."""
     from ledgerbatch.stage import binary_copy
 
+    lineage = (BATCH_ID,) if spec.mode == "aggregate" else LINEAGE  # aggregate staging holds groups
     types = tuple(c.pg_type for c in spec.stored_columns) + (("text",) if spec.changes else ())
-    types += tuple(c.pg_type for c in LINEAGE)
-    return types if spec.query is None and binary_copy.encodable(types) else ()
+    types += tuple(c.pg_type for c in lineage)
+    return types if binary_copy.encodable(types) else ()
 
 
 def staging_defs(spec: PipelineSpec) -> Fragment:
@@ -68,7 +69,7 @@ def staging_defs(spec: PipelineSpec) -> Fragment:
 def staging_statements(spec: PipelineSpec, staging: str, binary: bool) -> StagingStatements:
     """What an attempt's staging tasks run, rendered here because executors may not have sql/. `spec`
     is the target's view of it (a query pipeline's: transform.output_spec); `binary`: its good rows'
-    COPY is binary (binary_types)."""
+    (or query output's) COPY is binary (binary_types)."""
     copy = query("staging_copy_binary" if binary else "staging_copy", staging=staging,
                  columns=staged_column_names(spec))
     if spec.query is None:
@@ -81,8 +82,8 @@ def staging_statements(spec: PipelineSpec, staging: str, binary: bool) -> Stagin
         delete_bad=query("staging_delete_bad", bad=bad_name(staging)),
         record_read=staged_read_statement(),
         # aggregate staging holds groups, without coordinates
-        copy_output=(query("staging_copy_output", staging=staging, columns=column_names(spec))
-                     if spec.mode == "aggregate" else copy),
+        copy_output=(query("staging_copy_groups_binary" if binary else "staging_copy_groups", staging=staging,
+                           columns=column_names(spec)) if spec.mode == "aggregate" else copy),
     )
 
 

@@ -134,7 +134,7 @@ def copy_output(batches: Iterator, job: StagingJob) -> int:
 
     try:
         with staging_connection(job.table) as conn, conn, conn.cursor() as cur:
-            copy_stream(cur, job.table.statements.copy_output, parts())
+            copy_stream(cur, job.table.statements.copy_output, parts(), job.table.binary_types)
     except psycopg2.errors.UniqueViolation:
         raise RuntimeError("the query gave two rows for one " + (
             "key: an aggregate query groups by exactly target.key" if job.aggregate else
