@@ -66,12 +66,14 @@ class AvroOrders:
         result = lb.run_warm(self.bootstrap, self.topic, db_name, workdir, records, registry_url=self.registry.url,
                              batches=batches)
         # stage/driver.py starts min(ranges, 2 * defaultParallelism) staging tasks, each with its own decoder and
-        # registry client; under local[*] defaultParallelism is the cores this process (and Spark) may use.
-        self.runs.append({"schema_id_requests": self.registry.requests[ROUTE] - before,
-                          "staging_tasks": min(result["ranges"], 2 * len(os.sched_getaffinity(0)))})
+        # registry client; under local[*] defaultParallelism is the cores this process (and Spark) may use. The
+        # follower's warm-up (stage/warm_up.py) decodes the newest records of as many ranges in as many tasks.
+        tasks = min(result["ranges"], 2 * len(os.sched_getaffinity(0)))
+        self.runs.append({"schema_id_requests": self.registry.requests[ROUTE] - before, "staging_tasks": tasks,
+                          "decoding_tasks": 2 * tasks})
         return result
 
     def registry_figures(self) -> dict:
-        """Requests per schema id per staging task, of the worst run."""
-        worst = max(r["schema_id_requests"] / (len(self.schema_ids) * r["staging_tasks"]) for r in self.runs)
+        """Requests per schema id per decoding task (the warm-up's and the batch's), of the worst run."""
+        worst = max(r["schema_id_requests"] / (len(self.schema_ids) * r["decoding_tasks"]) for r in self.runs)
         return {"schema_ids": sorted(self.schema_ids), "runs": self.runs, "per_id_per_task": worst}

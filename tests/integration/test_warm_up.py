@@ -1,6 +1,7 @@
 """A follower's warm-up (stage/warm_up.py) runs a transform's plan over the newest records, so that its first
 batch generates and compiles no code (counted by Spark's own codegen metrics) and the JVM's hot paths of the
-plan have seen rows, while nothing is written; on real Kafka and PostgreSQL."""
+plan have seen rows; a pipeline without a transform reads, parses and encodes them as its staging tasks do.
+Nothing is written; on real Kafka and PostgreSQL."""
 from __future__ import annotations
 
 import json
@@ -49,6 +50,11 @@ def _batches(engine, p) -> int:
                             {"p": p.spec.name}).scalar()
 
 
+def _staging_tables(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM pg_tables WHERE schemaname = 'ledger_staging'")).scalar()
+
+
 def _target(engine, p) -> dict:
     with engine.connect() as conn:
         rows = conn.execute(text(f"SELECT customer, orders, revenue, largest FROM {p.table}")).all()
@@ -94,6 +100,19 @@ def test_a_per_column_transform_is_warmed_up_too(engine, db_url, broker, spark, 
     with engine.connect() as conn:
         staged = sorted(conn.execute(text(f"SELECT order_id, customer FROM {warm.table}")).all())
     assert staged == sorted((o["order_id"], o["customer"].lower() + "-warm") for o in good)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"source__metadata": ["key"]}], ids=["binary", "csv"])
+def test_a_pipeline_without_a_transform_reads_parses_and_encodes_the_newest_records(overrides, engine, db_url, broker,
+                                                                                  spark, make_pipeline):
+    p = make_pipeline(partitions=3, **overrides)
+    records = produce_orders(broker, p, 300, seed=15)
+    staging_tables = _staging_tables(engine)
+    done = warm_up(spark, p.spec, broker.bootstrap_servers)
+    good = [v for _, v in records if v.startswith(b'{"')]
+    assert (done.offsets, done.rows_out) == (300, len(good))  # every record read, the good ones encoded
+    assert _batches(engine, p) == 0 and _staging_tables(engine) == staging_tables
+    assert run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark).rows_written == len(good)
 
 
 def test_a_plan_that_cannot_run_leaves_the_warm_up_to_its_first_batch(engine, broker, spark, make_pipeline, caplog):

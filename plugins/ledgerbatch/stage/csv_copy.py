@@ -69,7 +69,7 @@ class _RangeTally:
         self.done = True
 
     def _set_bad_aside(self, batch):
-        good, bad = _split_bad(batch)
+        good, bad = split_bad(batch)
         if bad is not None:
             self._bad.append(bad)
             self._held += bad.num_rows
@@ -88,7 +88,7 @@ def staged_arrays(batch, columns: Sequence[str], batch_id: int) -> list:
     return [batch.column(n) for n in columns] + [pa.repeat(pa.scalar(batch_id, pa.int64()), batch.num_rows)]
 
 
-def _split_bad(batch):
+def split_bad(batch):
     """A parsed batch as (its good rows, its bad records or None)."""
     import pyarrow.compute as pc
 
@@ -101,7 +101,7 @@ def _split_bad(batch):
 
 def stage_bad(cur, sql: StagingStatements, batch):
     """COPY a parsed batch's bad records to the attempt's bad table; returns the good rows and the bad count."""
-    good, bad = _split_bad(batch)
+    good, bad = split_bad(batch)
     if bad is None:
         return good, 0
     copy_stream(cur, sql.copy_bad, [[bad.column(n) for n in BAD_COLUMNS]])

@@ -46,6 +46,27 @@ def sample_rows(ids: Iterator, sample: Sample) -> Iterator:
         yield batch
 
 
+def encode_rows(ids: Iterator, sample: Sample, columns: tuple[str, ...], binary_types: tuple[str, ...]) -> Iterator:
+    """A direct pipeline's warm-up task: its ranges read and parsed as a batch's are, and the good rows made
+    into the COPY's data as a batch's are (`columns` and `binary_types` as its StagingTable has them), which
+    is then dropped: each worker pays once for its first ranges' consumers, allocations and kernels."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from ledgerbatch.formats.schema import COORDINATE_NAMES
+    from ledgerbatch.stage.csv_copy import CopyStream, split_bad, staged_arrays
+    from ledgerbatch.stage.tasks import parse_ranges
+
+    rows = 0
+    for batch in parse_ranges(ids, sample):
+        good = split_bad(batch)[0]
+        rows += good.num_rows
+        stream = CopyStream.of(iter([staged_arrays(good, columns + COORDINATE_NAMES, 0)]), binary_types)
+        while stream.read():
+            pass
+    yield pa.RecordBatch.from_pylist([{"rows": rows}], schema=to_arrow_schema(OUTPUT_COUNTS))
+
+
 def count_rows(batches) -> Iterator:
     """A warm-up task's end of the plan: it takes the output in, as a staging task would, and drops it."""
     import pyarrow as pa
