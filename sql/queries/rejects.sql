@@ -42,3 +42,22 @@ WHERE u._unit = ANY(CAST(:units AS bigint[]))
 -- name: drop_units
 DROP VIEW ledger_staging.{slice};
 DROP TABLE ledger_staging.{units};
+
+-- name: constraints_immediate
+-- The publish checks deferred constraints at each statement, so that a row they refuse is found by the
+-- probes like any other refusal instead of failing the COMMIT (or the ATTACH) of the whole batch.
+SET CONSTRAINTS ALL IMMEDIATE;
+
+-- name: constraints_restored
+-- After the publish: the constraints that are INITIALLY DEFERRED are deferred again for the rest of the
+-- commit's transaction.
+DO $$
+DECLARE deferred text;
+BEGIN
+    SELECT string_agg(DISTINCT format('%I.%I', n.nspname, c.conname), ', ') INTO deferred
+    FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+    WHERE c.condeferrable AND c.condeferred;
+    IF deferred IS NOT NULL THEN
+        EXECUTE 'SET CONSTRAINTS ' || deferred || ' DEFERRED';
+    END IF;
+END $$;

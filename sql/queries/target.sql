@@ -6,9 +6,16 @@
 SELECT pg_advisory_xact_lock(hashtext('ledgerbatch:target:' || :target));
 
 -- name: table_columns
--- Each column with its full type as PostgreSQL writes it (numeric(12,2), text[], jsonb, ...).
-SELECT a.attname AS column_name, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null
-FROM pg_attribute a
+-- Each column with its full type as PostgreSQL writes it (numeric(12,2), text[], jsonb, ...), and what an
+-- INSERT that leaves it out writes: `fill`, the DEFAULT (an identity column's: the next value of its
+-- sequence), or with `generated` the expression of a generated column.
+SELECT a.attname AS column_name, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null,
+       a.attgenerated = 's' AS generated,
+       CASE WHEN a.attidentity <> '' THEN
+                 'nextval(' || quote_literal(pg_get_serial_sequence(quote_ident(:schema) || '.' || quote_ident(:table),
+                                                                    a.attname)) || '::regclass)'
+            ELSE pg_get_expr(d.adbin, d.adrelid) END AS fill
+FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = to_regclass(quote_ident(:schema) || '.' || quote_ident(:table))
   AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum;
@@ -19,6 +26,15 @@ SELECT to_regclass(quote_ident(:schema) || '.' || quote_ident(:table)) IS NOT NU
 -- name: add_column
 -- target.evolve additive: a column new to the spec, nullable, inside the commit's transaction.
 ALTER TABLE {schema}.{table} ADD COLUMN {column} {type};
+
+-- name: add_filled_column
+-- A column filled as an INSERT that leaves it out fills it ({fill}: the DEFAULT, evaluated for every row where
+-- it is volatile), and then without the DEFAULT: the table's own DEFAULT stays the one that applies.
+ALTER TABLE {schema}.{table} ADD COLUMN {column} {type} DEFAULT {fill};
+ALTER TABLE {schema}.{table} ALTER COLUMN {column} DROP DEFAULT;
+
+-- name: add_generated_column
+ALTER TABLE {schema}.{table} ADD COLUMN {column} {type} GENERATED ALWAYS AS ({fill}) STORED;
 
 -- name: set_column_type
 ALTER TABLE {schema}.{table} ALTER COLUMN {column} TYPE {type};

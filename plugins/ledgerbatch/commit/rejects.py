@@ -13,6 +13,11 @@ judged together with the rows published before them, so a row the rest of the ba
 (a duplicate of a user's unique index) is found as well; a final publish that is still refused goes round
 again, each round taking at least one row out.
 
+Deferred constraints (`DEFERRABLE INITIALLY DEFERRED` foreign keys and uniques) are checked at each
+statement while the batch is published and probed (SET CONSTRAINTS ALL IMMEDIATE), so what they refuse
+is a refused row too, never a COMMIT or an ATTACH that fails for the whole batch on every retry; they are
+deferred again after the publish.
+
 Any other error (connection lost, deadlock, serialization failure, lock timeout, disk full, permission
 denied) is the server's state, not the row's: it fails the batch, which is retried; nothing is quarantined.
 """
@@ -66,11 +71,14 @@ def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, ba
     """Publish the batch; with `errors.on_reject: quarantine` move the rows the target refuses to quarantine
     first. Under `fail` the batch fails naming a refused record; where rows are not records (aggregate
     groups) the server's error fails it."""
+    conn.execute(text(query("constraints_immediate")))
     rejected = 0
     while True:
         try:
             with conn.begin_nested():
-                return Published(mode.publish(conn, spec, batch) or 0, rejected)
+                removed = mode.publish(conn, spec, batch) or 0
+            conn.execute(text(query("constraints_restored")))
+            return Published(removed, rejected)
         except DBAPIError as exc:
             if not row_error(exc) or not mode.rows_are_records:
                 raise
@@ -109,7 +117,8 @@ def _breaking(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Bat
               first: Refusal) -> list[Refusal]:
     """The rows that break the CHECK or NOT NULL the first refusal named, found in one scan and each
     confirmed by publishing it alone (a row the scan misjudges is left to the next round). A batch with k
-    such rows costs k probes instead of O(k log n). Others: none, and bisection finds them."""
+    such rows costs k probes instead of O(k log n). Others, or a scan the server cannot run: none, and
+    bisection finds them."""
     if first.sqlstate == "23514" and first.constraint:
         checks = {c.name: c.definition for c in conn.execute(text(query("table_checks")),
                                                              {"schema": spec.target_schema, "table": spec.target_table})}
@@ -121,8 +130,15 @@ def _breaking(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Bat
         breaks = Fragment(f"{quote_ident(first.column)} IS NULL")
     else:
         return []
+    try:  # only a shortcut: a CHECK over a column staging lacks, or one that raises on a row, is bisected
+        with conn.begin_nested():
+            units = conn.execute(text(query("breaking_units", breaks=breaks, **names))).all()
+    except DBAPIError as exc:
+        log.info("batch %d: the scan for rows breaking %s failed (%s): bisecting instead", batch.batch_id,
+                 first.constraint or first.column, _reason(exc).message)
+        return []
     refused = []
-    for (unit,) in conn.execute(text(query("breaking_units", breaks=breaks, **names))).all():
+    for (unit,) in units:
         refusal = _probe(conn, mode, spec, batch, names["slice"], unit, unit)
         if refusal is not None:
             refused.append(replace(refusal, unit=unit))

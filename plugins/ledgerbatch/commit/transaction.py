@@ -132,20 +132,20 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
                                 staged_rows(conn, batch.staging_table), spec.mode == "aggregate")
             check_error_budget(recorded, spec.error_policy, spec.max_error_ratio, spec.min_bad)
 
-            # 4. Publish the staged rows through the target mode (an append target takes a big batch's
-            #    staging table as a partition), quarantining rows the target refuses (rejects.py), and move
-            #    bad records into quarantine; a replay first clears what earlier deliveries of its ranges
-            #    quarantined.
+            # 4. A replay first takes out what earlier deliveries of its ranges quarantined: its own
+            #    judgement of those records replaces theirs (a record refused again is quarantined again,
+            #    once, with its current reason). Then publish the staged rows through the target mode (an
+            #    append target takes a big batch's staging table as a partition), quarantining rows the
+            #    target refuses (rejects.py), and move bad records into quarantine.
+            cleared = clear_quarantine(conn, batch_id) if batch.kind != BatchKind.LIVE else 0
             mode = mode_for(spec)
             mode.ensure_target(conn, spec)
             published = publish_or_reject(conn, mode, spec, batch)
-            removed = published.removed
             recorded = set_aside_counts(recorded, get_batch(conn, batch_id))  # refused or superseded rows
             if published.rejected:
                 check_error_budget(recorded, spec.error_policy, spec.max_error_ratio, spec.min_bad)
             if batch.kind != BatchKind.LIVE:
-                removed += clear_quarantine(conn, batch_id)
-                record_replaced(conn, batch_id, removed)
+                record_replaced(conn, batch_id, published.removed + cleared)
             quarantined = quarantine_staged(conn, bad_name(batch.staging_table), batch_id, spec.name)
             if quarantined != recorded.rows_quarantined:
                 raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")

@@ -69,8 +69,10 @@ class Append(TargetMode):
 
 
 def _align_staging(conn: Connection, target: dict, staging: str) -> None:
-    """A partition must match its table: a column the spec no longer lists (a field the schema dropped) is
-    added to the staging table, NULL; a column the user narrowed (`varchar(n)`) or made NOT NULL, and the
+    """A partition must match its table, and its rows must be what an INSERT would have written. A column
+    the target has and staging lacks (one the user added, or a field the schema dropped) is added to the
+    staging table filled as an INSERT fills it: its DEFAULT (an identity's next value, `now()`, a constant),
+    its generation expression, else NULL. A column the user narrowed (`varchar(n)`) or made NOT NULL, and the
     user's CHECK constraints, are given to it too. Any of these the staged rows break raises the server's
     row error, which commit/rejects.py turns into refused rows."""
     columns = text(query("table_columns"))
@@ -79,7 +81,9 @@ def _align_staging(conn: Connection, target: dict, staging: str) -> None:
     for r in conn.execute(columns, target).all():
         have = staged.get(r.column_name)
         if have is None:
-            conn.execute(text(query("add_column", column=r.column_name, type=Fragment(r.type), **at)))
+            added = "add_generated_column" if r.generated else "add_filled_column" if r.fill else "add_column"
+            conn.execute(text(query(added, column=r.column_name, type=Fragment(r.type), fill=Fragment(r.fill or ""),
+                                    **at)))
         elif have.type != r.type:
             conn.execute(text(query("set_column_type", column=r.column_name, type=Fragment(r.type), **at)))
         if r.not_null and not (have and have.not_null):
