@@ -40,38 +40,44 @@ WHERE problem IS NOT NULL
 GROUP BY problem ORDER BY problem;
 
 -- name: deep_upsert
--- Upsert: a row whose coordinates lie in the ranges holds the values of the record at those coordinates;
--- a key the records upsert has a row (or a later delete: {deleted}); with target.version no row holds an
--- older version than a record of its key ({newer}). A row may hold a newer record from outside the
--- ranges: it is checked when its own range is.
+-- Upsert, per key: a row whose coordinates lie in the ranges holds the values of the record at those
+-- coordinates; no key's row is older ({older}) than a change of its key the ranges deliver (the row must
+-- be its key's last change, or newer: a row from outside the ranges is checked when its own range is); a
+-- key whose change the ranges deliver as an upsert has a row, unless a delete no older than that change
+-- removed it. Changes the target refused (quarantined) were never delivered and are left out.
 WITH r AS (
     SELECT * FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
                          CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
 ), t AS (
     SELECT t.* FROM {schema}.{table} t JOIN r ON t._topic = r.topic AND t._partition = r.partition
                                             AND t._offset >= r.from_offset AND t._offset < r.until_offset
-), s AS (
-    SELECT * FROM ledger_staging.{staging} s WHERE {upserts}
+), s AS (  -- the changes the ranges deliver
+    SELECT * FROM ledger_staging.{staging} s WHERE {changes}
       AND NOT EXISTS (SELECT 1 FROM ledger.quarantine q WHERE q.pipeline = :pipeline AND q.sqlstate IS NOT NULL
                       AND q.topic = s._topic AND q.partition = s._partition AND q."offset" = s._offset)
 ), found AS (
-    SELECT 'rows that differ from their record in Kafka' AS problem, t._topic AS topic, t._partition AS partition, t._offset AS "offset"
+    SELECT 'rows that differ from their record in Kafka' AS problem, NULL AS key, t._topic AS topic,
+           t._partition AS partition, t._offset AS "offset"
     FROM t JOIN s ON s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset
-    WHERE ROW({columns_t}) IS DISTINCT FROM ROW({columns_s})
+    WHERE {upserts} AND ROW({columns_t}) IS DISTINCT FROM ROW({columns_s})
     UNION ALL
-    SELECT 'rows that are not a good record in Kafka', t._topic, t._partition, t._offset
-    FROM t WHERE NOT EXISTS (SELECT 1 FROM s WHERE s._topic = t._topic AND s._partition = t._partition AND s._offset = t._offset)
+    SELECT 'rows that are not a good record in Kafka', NULL, t._topic, t._partition, t._offset
+    FROM t WHERE NOT EXISTS (SELECT 1 FROM s WHERE {upserts} AND s._topic = t._topic AND s._partition = t._partition
+                                                 AND s._offset = t._offset)
     UNION ALL
-    SELECT DISTINCT ON ({key_c}) 'keys without a row in the target', c._topic, c._partition, c._offset
-    FROM s c
-    WHERE NOT EXISTS (SELECT 1 FROM {schema}.{table} t WHERE {match_t}) AND NOT {deleted}
-    UNION ALL
-    SELECT DISTINCT 'rows older than a delivered version of their key', t._topic, t._partition, t._offset
+    SELECT DISTINCT ON ({key_c}) 'keys whose row is not their last change: the row is older',
+           CAST(ROW({key_c}) AS text), t._topic, t._partition, t._offset
     FROM s c JOIN {schema}.{table} t ON {match_t}
-    WHERE {newer}
+    WHERE {older}
+    UNION ALL
+    SELECT DISTINCT ON ({key_c}) 'keys whose last change is an upsert but have no row',
+           CAST(ROW({key_c}) AS text), c._topic, c._partition, c._offset
+    FROM s c
+    WHERE {upserts_c} AND NOT EXISTS (SELECT 1 FROM {schema}.{table} t WHERE {match_t}) AND NOT {deleted}
 )
 SELECT problem, count(*) AS records,
-       (array_agg(topic || '[' || partition || '] offset ' || "offset" ORDER BY topic, partition, "offset"))[1:10] AS examples
+       (array_agg(coalesce('key ' || key || ' at ', '') || topic || '[' || partition || '] offset ' || "offset"
+                  ORDER BY topic, partition, "offset"))[1:10] AS examples
 FROM found GROUP BY problem ORDER BY problem;
 
 -- name: deep_quarantine

@@ -46,8 +46,9 @@ SELECT {columns}, _topic, _partition, _offset, _batch_id
 FROM ledger_staging.{staging};
 
 -- name: delete_target_in_ranges
--- A replay first removes what earlier deliveries of its ranges (given as arrays) left in the target.
+-- A replay first removes what earlier deliveries of its ranges (given as arrays) left in the target, never
+-- its own rows (those the probes of commit/rejects.py kept before it).
 DELETE FROM {schema}.{table} t USING unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:from_offsets AS bigint[]),
             CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
 WHERE t._topic = r.topic AND t._partition = r.partition
-  AND t._offset >= r.from_offset AND t._offset < r.until_offset;
+  AND t._offset >= r.from_offset AND t._offset < r.until_offset AND t._batch_id <> :batch_id;

@@ -61,3 +61,13 @@ BEGIN
         EXECUTE 'SET CONSTRAINTS ' || deferred || ' DEFERRED';
     END IF;
 END $$;
+
+-- name: declared_constraint
+-- The name of a refused constraint as the user declared it on the target: where the server names a
+-- partition's copy of it (an append target's unique constraint or index), its parent's.
+SELECT coalesce(
+    (SELECT p.conname FROM pg_constraint c JOIN pg_constraint p ON p.oid = c.conparentid
+     WHERE c.conname = :name AND c.connamespace = to_regnamespace(quote_ident(:schema)) LIMIT 1),
+    (SELECT parent.relname FROM pg_class i JOIN pg_inherits h ON h.inhrelid = i.oid JOIN pg_class parent ON parent.oid = h.inhparent
+     WHERE i.relname = :name AND i.relkind = 'i' AND i.relnamespace = to_regnamespace(quote_ident(:schema)) LIMIT 1),
+    :name);

@@ -75,9 +75,9 @@ def test_deep_verify_finds_a_row_rolled_back_to_an_older_version(engine, db_url,
                           "WHERE order_id = 'o-0'"))
     rolled_back = cli(verify, db_url, broker.bootstrap_servers, p.dir)
     assert rolled_back.returncode == 1
-    # o-0's changes at offsets 10 and 15 are newer than its row's
-    assert (f"MISMATCH {p.name}: rows older than a delivered version of their key: 1, e.g. {p.topic}[0] offset 5"
-            in rolled_back.stdout.splitlines())
+    # o-0's changes at offsets 10 and 15 are newer than its row's: the key is named
+    assert (f"MISMATCH {p.name}: keys whose row is not their last change: the row is older: 1, e.g. key (o-0) at "
+            f"{p.topic}[0] offset 5" in rolled_back.stdout.splitlines())
 
 
 def test_deep_verify_recomputes_an_aggregate_targets_groups_from_kafka(engine, db_url, broker, make_pipeline):

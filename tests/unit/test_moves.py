@@ -4,7 +4,7 @@ import pytest
 from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.model.moves import plan_moves
 from ledgerbatch.model.ranges import OffsetRange, Watermarks
-from ledgerbatch.ops.deep_verify import merged
+from ledgerbatch.model.deep_reads import merged
 
 ENDS = {("t", 0): Watermarks(10, 100), ("t", 1): Watermarks(0, 50), ("t", 2): Watermarks(0, 40)}
 

@@ -70,7 +70,7 @@ def row_error(exc: BaseException) -> bool:
 def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch) -> Published:
     """Publish the batch; with `errors.on_reject: quarantine` move the rows the target refuses to quarantine
     first. Under `fail` the batch fails naming a refused record; where rows are not records (aggregate
-    groups) the server's error fails it."""
+    groups) it fails naming the group's refusal. Either way nothing is written and the batch stays staged."""
     conn.execute(text(query("constraints_immediate")))
     rejected = 0
     while True:
@@ -80,9 +80,11 @@ def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, ba
             conn.execute(text(query("constraints_restored")))
             return Published(removed, rejected)
         except DBAPIError as exc:
-            if not row_error(exc) or not mode.rows_are_records:
+            if not row_error(exc):
                 raise
             first = _reason(exc)
+            if not mode.rows_are_records:
+                raise RowsRefusedError(_group_report(batch, first)) from None
             log.warning("batch %d: the target refused a row (%s): finding the refused rows", batch.batch_id,
                         first.message)
         names = {"staging": batch.staging_table, "units": f"{batch.staging_table}_units",
@@ -109,8 +111,11 @@ def _find_refused(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch:
         mode.publish(conn, spec, batch, rows=names["slice"])
         refused = _breaking(conn, mode, spec, batch, names, first) or _bisect(conn, mode, spec, batch,
                                                                              names["slice"], total)
+        # named as the user declared them, while the probes' partitions (which may name them) still exist
+        declared = {name: conn.execute(text(query("declared_constraint")), {"name": name, "schema": spec.target_schema})
+                    .scalar_one() for name in {r.constraint for r in refused if r.constraint}}
         probes.rollback()  # the probes only judged the rows: the batch is published once, after them
-    return refused, total
+    return [replace(r, constraint=declared.get(r.constraint)) for r in refused], total
 
 
 def _breaking(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch, names: dict,
@@ -184,6 +189,13 @@ def _refusal_report(conn: Connection, batch: Batch, names: dict, refused: list[R
             f"{at.topic}[{at.partition}] offset {at.offset}: {first.message} (SQLSTATE {first.sqlstate}"
             f"{', constraint ' + first.constraint if first.constraint else ''}); errors.on_reject is fail, so nothing "
             f"was written: fix the records or the target and run again, or set errors.on_reject: quarantine")
+
+
+def _group_report(batch: Batch, refusal: Refusal) -> str:
+    return (f"batch {batch.batch_id}: the target refused a group: {refusal.message} (SQLSTATE {refusal.sqlstate}"
+            f"{', constraint ' + refusal.constraint if refusal.constraint else ''}). A group stands for many records, "
+            f"so it cannot be quarantined: nothing was written and the batch stays staged; change the target's rule "
+            f"or the query, then run again (the staged batch commits)")
 
 
 def _bisect(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch, slice_view: str,

@@ -3,17 +3,21 @@
 The committed ranges (all, those of batches since one, or of a sample of batches) are read again by the
 pipeline's own process step into a staging table, as a replay's would be, and never committed: the
 batch is abandoned once compared. SQL then checks that every good record is in the target with its values
-(append: by coordinates; upsert: the row at its coordinates, a row for its key, no older version), every
-bad record in ledger.quarantine with the same raw bytes, and nothing of the ranges in the target or the
-quarantine that Kafka does not hold. Aggregate: the standing batches (those no later replay superseded)
+(append: by coordinates; upsert, per key: the row at its coordinates holds that record, and every key's
+row is its last change delivered, or absent where that change is a delete), every bad record in
+ledger.quarantine with the same raw bytes, and nothing of the ranges in the target or the quarantine that
+Kafka does not hold. Aggregate: the standing batches (those no later replay superseded)
 are read again whole, and the groups their records make must be their contributions, merged by key
-(`verify` checks the target against the contributions). Offsets Kafka no longer holds are reported as
-not checkable, never as passed. Spark streams the ranges, so memory does not grow with them.
+(`verify` checks the target against the contributions). Offsets Kafka no longer holds, or deletes while
+they are read, are reported as not checkable, never as passed. Ranges of a partition that do not touch
+are read in reads of their own (model/deep_reads.py). Spark streams the ranges, so memory does not grow
+with them.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
@@ -21,10 +25,11 @@ from sqlalchemy.engine import Engine
 from ledgerbatch.commit.modes.aggregate import contributions_table, measures_merged, measures_differ
 from ledgerbatch.commit.modes.base import prefixed, target_names
 from ledgerbatch.commit.modes.upsert import deletes_table, match_key
-from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.errors import DataLossError, LedgerbatchError
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import get_batch, mark_abandoned
 from ledgerbatch.ledger.sql import run
+from ledgerbatch.model.deep_reads import held, layers, merged, read_of
 from ledgerbatch.model.ranges import OffsetRange, range_arrays
 from ledgerbatch.plan.replay import plan_replay
 from ledgerbatch.source import kafka
@@ -50,83 +55,98 @@ def deep_verify(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serve
                 since: int = 0, sample: float = 1.0) -> DeepReport:
     if not 0 < sample <= 1:
         raise LedgerbatchError(f"--sample must be a fraction above 0 and at most 1, got {sample}")
-    params = {"pipeline": spec.name, "since": since, "sample": sample}
-    with engine.connect() as conn:
-        if spec.mode == "aggregate":  # whole standing batches: a contribution is a batch's groups
-            chosen = [(r.batch_id, OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset))
-                      for r in run(conn, "standing_batches", params)]
-        else:
-            chosen = [(None, OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset))
-                      for r in run(conn, "delivered_ranges", params)]
+    chosen = chosen_ranges(engine, spec, since, sample)
     topics = tuple(sorted({r.topic for _, r in chosen})) or spec.topics
-    report, batches = _checkable(chosen, kafka.watermarks(bootstrap_servers, topics, dict(spec.kafka_options)))
-    report.records = sum(r.span for r in report.ranges)
-    if not report.ranges:
-        return report
-    batch = plan_replay(engine, spec, report.ranges)
-    log.info("%s: verify --deep reads %d offsets in %d ranges again (batch %d, never committed)", spec.name,
-             report.records, len(report.ranges), batch.batch_id)
-    batch = process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
-    with engine.begin() as conn:
-        batch = get_batch(conn, batch.batch_id, for_update=True)
-        checked = spec_for_batch(spec, batch.output_schema)
-        names = _names(checked, batch.staging_table)
-        params = {"pipeline": spec.name, "batches": batches, **range_arrays(report.ranges)}
-        for name in (_COMPARE[spec.mode], "deep_quarantine"):
-            for row in conn.execute(text(query(name, **names)), params):
-                report.problems.append(f"{row.problem}: {row.records}, e.g. {', '.join(row.examples)}")
-        mark_abandoned(conn, batch.batch_id, f"verify --deep: {len(report.problems)} kinds of problem")
+    watermarks = partial(kafka.watermarks, bootstrap_servers, topics, dict(spec.kafka_options))
+    report = DeepReport()
+    entries, lost = held(chosen, watermarks())
+    for layer in layers(entries):
+        while layer:
+            ranges, batches = read_of(layer)
+            batch = plan_replay(engine, spec, ranges)
+            span = sum(r.span for r in ranges)
+            log.info("%s: verify --deep reads %d offsets in %d ranges again (batch %d, never committed)", spec.name,
+                     span, len(ranges), batch.batch_id)
+            try:
+                process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
+            except DataLossError:
+                # Retention deleted offsets while they were read: those are not checkable, the rest is read again.
+                with engine.begin() as conn:
+                    mark_abandoned(conn, batch.batch_id, "verify --deep: Kafka deleted offsets of its ranges while it read")
+                layer, gone = held(layer, watermarks())
+                if not gone:  # Kafka still holds every offset the read lost: not retention
+                    raise
+                log.warning("%s: Kafka deleted offsets while verify --deep read them: %s not checkable", spec.name,
+                            ", ".join(map(str, gone)))
+                lost += gone
+                continue
+            report.problems += compare(engine, spec, batch.batch_id, ranges, batches)
+            report.ranges += ranges
+            report.records += span
+            break
+    report.ranges, report.not_checkable = merged(sorted(report.ranges)), merged(sorted(lost))
     drop_finished_staging(engine, spec.name)
     return report
 
 
-def _checkable(chosen: list[tuple[int | None, OffsetRange]], ends) -> tuple[DeepReport, list[int]]:
-    """The chosen ranges split at each partition's log start into what Kafka still holds and what it does
-    not. Ranges of a batch (aggregate) go together: a batch Kafka no longer holds whole is not checkable."""
-    report = DeepReport()
-    lows = [ends[r.topic_partition].low if r.topic_partition in ends else r.until_offset for _, r in chosen]
-    gone = {batch_id for (batch_id, r), low in zip(chosen, lows) if r.from_offset < low}
-    for (batch_id, r), low in zip(chosen, lows):
-        if batch_id is not None and batch_id in gone:
-            report.not_checkable.append(r)
-            continue
-        if r.from_offset < low:
-            report.not_checkable.append(OffsetRange(r.topic, r.partition, r.from_offset, min(low, r.until_offset)))
-        if low < r.until_offset:
-            report.ranges.append(OffsetRange(r.topic, r.partition, max(low, r.from_offset), r.until_offset))
-    report.ranges = merged(sorted(report.ranges))
-    report.not_checkable = merged(sorted(report.not_checkable))
-    return report, sorted({b for b, _ in chosen if b is not None} - gone)
+def chosen_ranges(engine: Engine, spec: PipelineSpec, since: int = 0,
+                  sample: float = 1.0) -> list[tuple[int | None, OffsetRange]]:
+    """The committed ranges to read again: (None, range) delivered by live and backfill batches; for an
+    aggregate (batch id, range) of its standing batches, whole."""
+    params = {"pipeline": spec.name, "since": since, "sample": sample}
+    with engine.connect() as conn:
+        if spec.mode == "aggregate":  # whole standing batches: a contribution is a batch's groups
+            return [(r.batch_id, OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset))
+                    for r in run(conn, "standing_batches", params)]
+        return [(None, OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset))
+                for r in run(conn, "delivered_ranges", params)]
 
 
-def merged(ranges: list[OffsetRange]) -> list[OffsetRange]:
-    """Adjacent ranges of a partition as one (ranges sorted by partition and offset)."""
-    out: list[OffsetRange] = []
-    for r in ranges:
-        last = out[-1] if out else None
-        if last and last.topic_partition == r.topic_partition and last.until_offset == r.from_offset:
-            out[-1] = OffsetRange(r.topic, r.partition, last.from_offset, r.until_offset)
-        else:
-            out.append(r)
-    return out
+def compare(engine: Engine, spec: PipelineSpec, batch_id: int, ranges: list[OffsetRange],
+            batches: list[int]) -> list[str]:
+    """The records of `ranges` as staged again by the (never committed) batch `batch_id` against the target
+    and the quarantine; `batches`: an aggregate's standing batches they make. Abandons the batch; returns
+    each kind of problem with its count and examples."""
+    problems = []
+    with engine.begin() as conn:
+        batch = get_batch(conn, batch_id, for_update=True)
+        names = _names(spec_for_batch(spec, batch.output_schema), batch.staging_table)
+        params = {"pipeline": spec.name, "batches": batches, **range_arrays(ranges)}
+        for name in (_COMPARE[spec.mode], "deep_quarantine"):
+            for row in conn.execute(text(query(name, **names)), params):
+                problems.append(f"{row.problem}: {row.records}, e.g. {', '.join(row.examples)}")
+        mark_abandoned(conn, batch_id, f"verify --deep: {len(problems)} kinds of problem")
+    return problems
 
 
 def _names(spec: PipelineSpec, staging: str) -> dict:
     columns = column_names(spec)
     key = list(spec.key)
-    version = quote_ident(spec.version_by) if spec.version_by else None
     deleted = "false"
-    if spec.changes:
-        deletes = quote_ident(deletes_table(spec))
-        deleted = f"EXISTS (SELECT 1 FROM ledger_deletes.{deletes} d WHERE {match_key('d', key)}"
-        deleted += (f" AND ROW(d.{version}, d._offset, d._partition, d._topic) >= ROW(c.{version}, c._offset, "
-                    f"c._partition, c._topic))" if version else ")")
+    if spec.changes:  # the key's delete (ledger_deletes keeps its last one) is no older than the change
+        deleted = (f"EXISTS (SELECT 1 FROM ledger_deletes.{quote_ident(deletes_table(spec))} d "
+                   f"WHERE {match_key('d', key)} AND NOT ({_before('d', 'c', spec.version_by)}))")
     aggregates = dict(key=key, contributions=contributions_table(spec), measures_agg=measures_merged(spec),
                       differs=measures_differ(spec)) if spec.mode == "aggregate" else {}
     return dict(staging=staging, bad=bad_name(staging), columns_t=prefixed("t", columns),
                 columns_s=prefixed("s", columns), key_c=prefixed("c", key),
                 match_t=match_key("t", key),
-                upserts=Fragment("s._change = 'u'" if spec.changes else "true"), deleted=Fragment(deleted),
-                newer=Fragment(f"t.{version} IS NOT NULL AND ROW(c.{version}, c._offset, c._partition, c._topic) > "
-                               f"ROW(t.{version}, t._offset, t._partition, t._topic)" if version else "false"),
+                changes=Fragment("s._change <> 's'" if spec.changes else "true"),
+                upserts=Fragment("s._change = 'u'" if spec.changes else "true"),
+                upserts_c=Fragment("c._change = 'u'" if spec.changes else "true"),
+                deleted=Fragment(deleted), older=Fragment(_before("t", "c", spec.version_by)),
                 **aggregates, **target_names(spec))
+
+
+def _before(x: str, c: str, version: str | None) -> str:
+    """SQL: the change `x` is older than the change `c`, in the order the target mode applies them. With
+    target.version by version (none is oldest), ties by coordinates; else by offset within a partition
+    (Kafka orders nothing across partitions, so changes of a key in two partitions are not compared)."""
+    if not version:
+        return f"{x}._topic = {c}._topic AND {x}._partition = {c}._partition AND {x}._offset < {c}._offset"
+    v = quote_ident(version)
+    return (f"CASE WHEN {x}.{v} IS NULL OR {c}.{v} IS NULL "
+            f"THEN ROW({x}.{v} IS NOT NULL, {x}._offset, {x}._partition, {x}._topic) "
+            f"< ROW({c}.{v} IS NOT NULL, {c}._offset, {c}._partition, {c}._topic) "
+            f"ELSE ROW({x}.{v}, {x}._offset, {x}._partition, {x}._topic) "
+            f"< ROW({c}.{v}, {c}._offset, {c}._partition, {c}._topic) END")

@@ -39,7 +39,8 @@ class Append(TargetMode):
         staging, batch_id = batch.staging_table, batch.batch_id
         removed = 0
         if batch.kind != BatchKind.LIVE:
-            removed = conn.execute(text(query("delete_target_in_ranges", **target)), range_arrays(batch.ranges)).rowcount
+            removed = conn.execute(text(query("delete_target_in_ranges", **target)),
+                                   {"batch_id": batch_id, **range_arrays(batch.ranges)}).rowcount
         layout = conn.execute(text(query("target_layout")), target).one()
         plan = None  # a target created before targets were partitioned only takes copies
         if layout.partitioned:
