@@ -227,3 +227,19 @@ def _state(engine, p: Pipe) -> tuple:
     """What a replay may not change: the target's values (all but the batch id), and the quarantine's reasons."""
     return (sorted(r[:-1] for r in target(engine, p)),
             [(part, off, sqlstate, constraint) for part, off, _, sqlstate, constraint, _ in refused(engine, p)])
+
+
+@pytest.mark.parametrize("pipe", [{"mode": "upsert"}, {"mode": "upsert", "deletes": True}, {"mode": "append"}])
+def test_rows_a_rule_sets_against_each_other_are_judged_in_offset_order(pipe, engine, make_pipe):
+    """A unique index across two keys of one batch: the record that came first keeps the value, whatever
+    the order of the keys."""
+    p = make_pipe(max_ratio=0.9, **pipe)
+    with engine.begin() as conn:
+        mode_for(p.spec).ensure_target(conn, p.spec)
+        k = "amount, _batch_id" if pipe["mode"] == "append" else "amount"
+        conn.execute(text(f'CREATE UNIQUE INDEX {p.name}_one_amount ON public."{p.table}" ({k})'))
+    records = [(0, 0, "o-9", "2.00"), (0, 1, "o-1", "2.00"), (0, 2, "o-5", "3.00")]
+    s = staged_batch(engine, p, {0: (0, 3)}, good=records)
+    assert commit_batch(engine, p.spec, s.batch_id).rows_rejected == 1
+    assert sorted(r[:4] for r in target(engine, p)) == [(0, 0, "o-9", "2.00"), (0, 2, "o-5", "3.00")]
+    assert [r[:2] + r[3:5] for r in refused(engine, p)] == [(0, 1, "23505", f"{p.name}_one_amount")]

@@ -40,7 +40,10 @@ class TargetMode(ABC):
         is still decided by the whole batch."""
 
     def unit_order(self, spec: PipelineSpec) -> str:
-        """The order in which refused rows are looked for (commit/rejects.py): by coordinates."""
+        """The order in which rows are judged (commit/rejects.py): by coordinates, so that of two records a
+        rule sets against each other (a unique index across two keys) the later one is refused, as if they
+        had arrived one at a time. Upsert too: a key whose older record is kept and newer one refused holds
+        the older, as it would have."""
         return "_topic, _partition, _offset"
 
     def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):

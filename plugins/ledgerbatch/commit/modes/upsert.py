@@ -54,10 +54,6 @@ class Upsert(TargetMode):
                     **target_names(spec))
         conn.execute(text(sql), range_arrays(batch.ranges))
 
-    def unit_order(self, spec: PipelineSpec) -> str:
-        """A key's rows next to each other, in the order the last of them wins."""
-        return ", ".join([quote_ident(k) for k in spec.key] + ["_offset", "_partition"])
-
     def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
         """A dry run by key, as the replay would decide: a change pipeline's winning changes add or change
         rows (or leave them unchanged), its deletes remove them; a plain pipeline's last row per key does,
