@@ -4,6 +4,9 @@
 -- name: get_cursors
 SELECT topic, partition, next_offset FROM ledger.cursors WHERE pipeline = :pipeline;
 
+-- name: cursor_batches
+SELECT topic, partition, last_batch_id FROM ledger.cursors WHERE pipeline = :pipeline;
+
 -- name: init_cursor
 INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offset)
 VALUES (:pipeline, :topic, :partition, :offset, :offset)

@@ -13,9 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None]], transactional_id: str | None = None,
-            keys: list[bytes | None] | None = None) -> list[tuple[int, int, bytes | None]]:
-    """Produce (partition, value) pairs (with `keys`, else the key is the record's index); returns
-    (partition, offset, value) as acknowledged by the broker."""
+            keys: list[bytes | None] | None = None, timestamp_ms: int = 0) -> list[tuple[int, int, bytes | None]]:
+    """Produce (partition, value) pairs (with `keys`, else the key is the record's index; with
+    `timestamp_ms`, records stamped with it as a producer's clock would); returns (partition, offset, value)
+    as acknowledged by the broker."""
     conf = {"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3}
     if transactional_id:
         conf["transactional.id"] = transactional_id
@@ -31,7 +32,7 @@ def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None]],
         producer.begin_transaction()
     for i, (partition, value) in enumerate(records):
         key = str(i).encode() if keys is None else keys[i]
-        producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
+        producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery, timestamp=timestamp_ms)
         producer.poll(0)
     if transactional_id:
         producer.commit_transaction(30)

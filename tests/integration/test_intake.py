@@ -70,3 +70,20 @@ def test_min_records_holds_a_trickle_until_max_delay(engine, db_url, broker, mak
     assert f"{p.name}: 1 batches committed, 60 records read" in run().stdout  # 60 >= 50: no waiting
     assert [r[1:] for r in _ranges(engine, p)] == [(0, 0, 10), (0, 10, 70)]
     assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in first + more}, set())
+
+
+def test_min_records_holds_records_stamped_by_a_clock_ahead_no_longer_than_max_delay(engine, db_url, broker,
+                                                                                     make_pipeline):
+    """A producer whose clock runs an hour ahead: by its records' timestamps they have not waited at all, but
+    the planner counts max_delay from when it began holding them back too (ledger.waits)."""
+    p = make_pipeline(partitions=1, batch={"max_records": 1000, "min_records": 50, "max_delay": "3s"})
+    ahead = produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(10)],
+                    timestamp_ms=int((time.time() + 3600) * 1000))
+    held = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir)
+    assert held.returncode == 0 and f"{p.name}: 0 batches committed" in held.stdout, held.stderr[-2000:]
+    time.sleep(3.5)
+    done = cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir)
+    assert f"{p.name}: 1 batches committed, 10 records read" in done.stdout, done.stderr[-2000:]
+    with engine.connect() as conn:  # the wait ended with the batch
+        assert conn.execute(text("SELECT count(*) FROM ledger.waits WHERE pipeline = :p"), {"p": p.name}).scalar_one() == 0
+    assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in ahead}, set())

@@ -22,6 +22,18 @@ def test_split_budget_smaller_than_partition_count_still_progresses():
     assert sum(alloc.values()) == 2
 
 
+def test_a_budget_below_the_partition_count_serves_every_partition_in_turn():
+    """Four busy partitions and one with a single record, two offsets a batch: the quiet one is served
+    within three batches, never starved by the partitions with more lag."""
+    ends = {("t", p): Watermarks(0, 1 if p == 0 else 1000) for p in range(5)}
+    cursors, served = {tp: 0 for tp in ends}, {}
+    for batch_id in range(1, 6):
+        for r in plan_ranges(ends, cursors, 2, last_served=served):
+            assert r.span == 1
+            cursors[r.topic_partition], served[r.topic_partition] = r.until_offset, batch_id
+    assert cursors == {("t", 0): 1, ("t", 1): 3, ("t", 2): 2, ("t", 3): 2, ("t", 4): 2}
+
+
 def test_plan_ranges_from_cursors_to_ends():
     ends = {("t", 0): Watermarks(0, 10), ("t", 1): Watermarks(3, 3)}
     assert plan_ranges(ends, {("t", 0): 4, ("t", 1): 3}, 100) == [OffsetRange("t", 0, 4, 10)]

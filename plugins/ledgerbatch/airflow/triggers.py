@@ -135,7 +135,7 @@ class NewDataProbe:
                 paused = current_pause(conn, self.spec.name) is not None
         found = pending(self.spec, ends, cursors, unfinished, staging, paused)
         if self.spec.min_records > 1 and unfinished is None and cursors and 0 < found.offsets < self.spec.min_records:
-            found = replace(found, filling=filling(self.spec, self.bootstrap_servers, ends, cursors))
+            found = replace(found, filling=filling(self.engine, self.spec, self.bootstrap_servers, ends, cursors))
         return found
 
     def close(self) -> None:

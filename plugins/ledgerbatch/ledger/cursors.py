@@ -16,6 +16,11 @@ def get_cursors(conn: Connection, pipeline: str, topics: tuple[str, ...] | None 
             if topics is None or r.topic in topics}
 
 
+def last_served(conn: Connection, pipeline: str) -> dict[TopicPartition, int]:
+    """The batch that last moved each cursor (0: none yet)."""
+    return {(r.topic, r.partition): r.last_batch_id or 0 for r in run(conn, "cursor_batches", {"pipeline": pipeline})}
+
+
 def init_cursors(conn: Connection, pipeline: str, starts: dict[TopicPartition, int]) -> None:
     for (topic, partition), offset in sorted(starts.items()):
         run(conn, "init_cursor", {"pipeline": pipeline, "topic": topic, "partition": partition, "offset": offset})

@@ -1,4 +1,5 @@
-"""Pauses of pipelines in the ledger (ledger.pauses): who holds a pipeline still, since when and why."""
+"""Pauses of pipelines in the ledger (ledger.pauses): who holds a pipeline still, since when and why; and
+waits for batch.min_records (ledger.waits)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -32,3 +33,13 @@ def end_pause(conn: Connection, pipeline: str, by: str) -> Pause | None:
     """Resume: the pause that ended, or None when there was none."""
     row = run(conn, "end_pause", {"pipeline": pipeline, "by": by}).first()
     return Pause(row.paused_by, row.reason, row.paused_at) if row else None
+
+
+def wait_age(conn: Connection, pipeline: str) -> float:
+    """Seconds since the planner began holding back this pipeline's pending offsets (batch.min_records);
+    0 when it begins now."""
+    return run(conn, "wait_age", {"pipeline": pipeline}).scalar_one()
+
+
+def end_wait(conn: Connection, pipeline: str) -> None:
+    run(conn, "end_wait", {"pipeline": pipeline})

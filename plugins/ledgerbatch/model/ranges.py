@@ -77,9 +77,15 @@ def check_cursors(partitions: dict[TopicPartition, Watermarks], cursors: dict[To
             )
 
 
-def split_budget(lags: dict[TopicPartition, int], budget: int) -> dict[TopicPartition, int]:
-    """Max-min fair share of `budget` offsets: small lags are served whole, the rest split evenly."""
+def split_budget(lags: dict[TopicPartition, int], budget: int,
+                 last_served: dict[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
+    """Max-min fair share of `budget` offsets: small lags are served whole, the rest split evenly. A budget
+    smaller than the partitions with lag gives one offset each to those served longest ago (`last_served`:
+    the batch that last moved each cursor), so every partition is served in turn and none starves."""
     alloc: dict[TopicPartition, int] = {}
+    if 0 < budget < sum(1 for lag in lags.values() if lag > 0):
+        waiting = sorted((tp for tp, lag in lags.items() if lag > 0), key=lambda tp: ((last_served or {}).get(tp, 0), tp))
+        return {tp: 1 for tp in waiting[:budget]}
     pending = sorted((lag, tp) for tp, lag in lags.items() if lag > 0)
     remaining = budget
     for i, (lag, tp) in enumerate(pending):
@@ -91,12 +97,12 @@ def split_budget(lags: dict[TopicPartition, int], budget: int) -> dict[TopicPart
 
 
 def plan_ranges(partitions: dict[TopicPartition, Watermarks], cursors: dict[TopicPartition, int], max_records: int,
-                per_partition: int | None = None) -> list[OffsetRange]:
+                per_partition: int | None = None, last_served: dict[TopicPartition, int] | None = None) -> list[OffsetRange]:
     """Next batch's ranges from the cursors up to the end offsets, at most `max_records` offsets in all and
-    `per_partition` in one partition."""
+    `per_partition` in one partition (split_budget; `last_served` as there)."""
     check_cursors(partitions, cursors)
     lags = {tp: min(partitions[tp].high - pos, per_partition or max_records) for tp, pos in cursors.items()}
-    alloc = split_budget(lags, max_records)
+    alloc = split_budget(lags, max_records, last_served)
     return sorted(OffsetRange(tp[0], tp[1], cursors[tp], cursors[tp] + n) for tp, n in alloc.items())
 
 

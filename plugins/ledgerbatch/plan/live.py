@@ -21,8 +21,8 @@ from ledgerbatch.ledger.batches import (
     open_live_batch_id,
     pin_spec_version,
 )
-from ledgerbatch.ledger.cursors import get_cursors, init_cursors, record_end_offsets
-from ledgerbatch.ledger.pauses import current_pause
+from ledgerbatch.ledger.cursors import get_cursors, init_cursors, last_served, record_end_offsets
+from ledgerbatch.ledger.pauses import current_pause, end_wait, wait_age
 from ledgerbatch.model.batch import Batch, BatchKind, BatchStatus
 from ledgerbatch.model.ranges import TopicPartition, Watermarks, plan_ranges, start_offsets, too_early
 from ledgerbatch.model.times import epoch_ms
@@ -49,22 +49,26 @@ def plan_next(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Bat
     at = None
     if spec.start_time is not None and not cursors:  # a new pipeline that starts at a time: Kafka says where
         at = kafka.offsets_at(bootstrap_servers, ends, epoch_ms(spec.start_time), dict(spec.kafka_options))
-    if spec.min_records > 1 and filling(spec, bootstrap_servers, ends,
+    if spec.min_records > 1 and filling(engine, spec, bootstrap_servers, ends,
                                         start_offsets(ends, cursors, spec.start if not cursors else "earliest", at)):
         return None
     return plan_from(engine, spec, ends, at, bootstrap_servers)
 
 
-def filling(spec: PipelineSpec, bootstrap_servers: str, ends: dict[TopicPartition, Watermarks],
-             positions: dict[TopicPartition, int]) -> bool:
-    """batch.min_records: fewer offsets pending than that, and the oldest has not waited batch.max_delay."""
+def filling(engine: Engine, spec: PipelineSpec, bootstrap_servers: str, ends: dict[TopicPartition, Watermarks],
+            positions: dict[TopicPartition, int]) -> bool:
+    """batch.min_records: fewer offsets pending than that, and the oldest has not waited batch.max_delay.
+    Its wait is the older of its record's age and how long the planner has held it back (ledger.waits),
+    so a producer whose clock runs ahead does not hold records back for longer than max_delay."""
     pending = {tp: pos for tp, pos in positions.items() if tp in ends and ends[tp].high > pos}
     total = sum(ends[tp].high - pos for tp, pos in pending.items())
     if not 0 < total < spec.min_records:
         return False
     stamps = [ms for ms in kafka.timestamps_at(bootstrap_servers, pending, dict(spec.kafka_options)).values()
               if ms is not None and ms > 0]
-    age = time.time() - min(stamps) / 1000 if stamps else None
+    with engine.begin() as conn:
+        held = wait_age(conn, spec.name)
+    age = max(held, time.time() - min(stamps) / 1000) if stamps else held
     if not too_early(total, spec.min_records, age, spec.max_delay_s):
         return False
     log.info("%s: %d offsets pending, fewer than batch.min_records %d, and the oldest has waited %.0fs of "
@@ -92,7 +96,8 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         cursors = get_cursors(conn, spec.name, spec.topics)
         # A new pipeline starts where the spec says; partitions added later start at their log start.
         starts = start_offsets(ends, cursors, spec.start if not cursors else "earliest", at if not cursors else None)
-        ranges = plan_ranges(ends, starts, spec.max_records, spec.max_records_per_partition)
+        ranges = plan_ranges(ends, starts, spec.max_records, spec.max_records_per_partition,
+                             last_served(conn, spec.name))
         if spec.max_bytes and ranges:
             conf = kafka.consumer_config(bootstrap_servers, dict(spec.kafka_options))
             ranges = cap_bytes(ranges, spec.max_bytes, conf)
@@ -100,6 +105,7 @@ def plan_from(engine: Engine, spec: PipelineSpec, ends: dict[TopicPartition, Wat
         if not ranges:
             return None
         batch_id = insert_batch(conn, spec.name, BatchKind.LIVE, ranges)
+        end_wait(conn, spec.name)
         pin_spec_version(conn, batch_id, spec.name, spec.version, spec.canonical)
         batch = get_batch(conn, batch_id)
     log.info("planned batch %d: %d offsets in %d ranges", batch_id, batch.span, len(ranges))
