@@ -82,3 +82,24 @@ def test_a_value_that_does_not_fit_its_column_fails_the_copy_instead_of_wrapping
     assert binary_copy.binary_rows([pa.array([2**31 - 1], pa.int64())], ("integer",)).endswith(b"\x7f\xff\xff\xff")
     with pytest.raises(pa.ArrowInvalid):
         binary_copy.binary_rows([pa.array([2**31], pa.int64())], ("integer",))
+
+
+def test_float_specials_store_what_the_csv_copy_stores(db_url):
+    """+-0, NaN and +-Infinity in real and double precision (Avro carries them; JSON has none)."""
+    specials = [0.0, -0.0, float("nan"), float("inf"), float("-inf"), None]
+    arrays = [pa.array(specials, pa.float32()), pa.array(specials, pa.float64())]
+    conn = psycopg2.connect(libpq_dsn(db_url))
+    try:
+        stored = {}
+        for binary in (True, False):
+            with conn, conn.cursor() as cur:
+                table = f"floats_{'binary' if binary else 'csv'}"
+                cur.execute(f"CREATE TEMP TABLE {table} (r real, d double precision)")
+                csv_copy.copy_stream(cur, f"COPY {table} (r, d) FROM STDIN WITH (FORMAT {'binary' if binary else 'csv'})",
+                                     [arrays], ("real", "double precision") if binary else ())
+                cur.execute(f"SELECT r::text, d::text FROM {table} ORDER BY ctid")
+                stored[binary] = cur.fetchall()
+    finally:
+        conn.close()
+    assert stored[True] == stored[False] == [("0", "0"), ("-0", "-0"), ("NaN", "NaN"), ("Infinity", "Infinity"),
+                                             ("-Infinity", "-Infinity"), (None, None)]
