@@ -9,6 +9,9 @@ import json
 import pytest
 from sqlalchemy import text
 
+from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.ops.deep_verify import deep_verify
+
 from .helpers import cli, delete_records, order_value, produce
 
 pytestmark = pytest.mark.integration
@@ -116,3 +119,28 @@ def test_deep_verify_recomputes_an_aggregate_targets_groups_from_kafka(engine, d
     delete_records(broker.bootstrap_servers, p.topic, 0, 5)
     gone = ledgerbatch("verify", p.name, "--deep", "--since", "1")
     assert f"NOT CHECKABLE {p.name}: {p.topic}[0] [0, " in gone.stdout
+
+
+def test_offsets_retention_deletes_while_deep_verify_reads_are_not_checkable(engine, db_url, broker, make_pipeline,
+                                                                              spark):
+    """Retention deletes the oldest offsets after verify --deep looked at the log and before it read them: the
+    read fails on them, and they are reported as not checkable, the rest read again and checked, never a
+    DataLossError with its advice to acknowledge a loss."""
+    p = make_pipeline(partitions=1)
+    produce(broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(100)])
+    assert cli(["run", p.name], db_url, broker.bootstrap_servers, p.dir).returncode == 0
+    reads = []
+
+    def spark_after_retention():
+        if not reads:
+            delete_records(broker.bootstrap_servers, p.topic, 0, 30)
+        reads.append(1)
+        return spark
+
+    report = deep_verify(engine, p.spec, db_url, broker.bootstrap_servers, spark_after_retention)
+    assert len(reads) == 2  # the first read met the deleted offsets; the second read what is left
+    assert report.not_checkable == [OffsetRange(p.topic, 0, 0, 30)]
+    assert report.ranges == [OffsetRange(p.topic, 0, 30, 100)] and report.records == 70 and report.problems == []
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM ledger.batches WHERE pipeline = :p AND kind = 'replay' AND "
+                                 "status = 'abandoned'"), {"p": p.name}).scalar_one() == 2
