@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="never stop at caught up: keep Spark warm and plan again every --idle-seconds until SIGTERM")
     run.add_argument("--idle-seconds", type=_positive_float, default=1.0, metavar="S",
                      help="with --follow: how long to wait before planning again when caught up (default 1)")
+    run.add_argument("--backoff-initial", type=_positive_float, default=1.0, metavar="S",
+                     help="with --follow: the first wait after a dependency went away, doubling (default 1)")
+    run.add_argument("--backoff-max", type=_positive_float, default=60.0, metavar="S",
+                     help="with --follow: the longest wait between tries while a dependency is away (default 60)")
     run.add_argument("--metrics-port", type=_positive, metavar="N",
                      help="serve the metrics for Prometheus on http://HOST:N/metrics while it runs (docs/observability.md)")
     run.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
@@ -232,6 +236,7 @@ def _spark_factory(args, settings: Settings, app_name: str):
 
 
 def cmd_run(args, settings: Settings) -> None:
+    from ledgerbatch.ops.outages import Backoff
     from ledgerbatch.ops.run import run_pipeline
 
     spec = _spec(settings, args.pipeline)
@@ -247,7 +252,7 @@ def cmd_run(args, settings: Settings) -> None:
         serve_prometheus(args.metrics_port, args.metrics_host)
     summary = run_pipeline(engine, spec, settings.db_url, bootstrap, spark_factory,
                            max_batches=args.max_batches, follow_idle_s=args.idle_seconds if args.follow else None,
-                           stop=stop)
+                           stop=stop, backoff=Backoff(args.backoff_initial, args.backoff_max))
     rate = summary.records_read / summary.seconds if summary.seconds else 0
     print(f"{spec.name}: {summary.batches} batches committed, {summary.records_read} records read, "
           f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined"

@@ -69,11 +69,28 @@ def safe_url(url: str) -> str:
 
 
 def libpq_dsn(url: str) -> str:
-    """A libpq connection string for executors, which connect with psycopg2 directly."""
+    """A libpq connection string for executors, which connect with psycopg2 directly. Every query parameter
+    passes through (sslmode, sslrootcert, connect_timeout, application_name, target_session_attrs, ...);
+    a multi-host URL (`?host=a:5432&host=b:5432`) becomes libpq's host and port lists."""
     u = make_url(url)
     parts = {"host": u.host, "port": u.port, "dbname": u.database, "user": u.username, "password": u.password}
-    parts.update({k: v for k, v in u.query.items() if isinstance(v, str)})
+    for key, value in u.query.items():
+        if key == "host":
+            parts.update(_hosts(value if isinstance(value, tuple) else (value,)))
+        elif isinstance(value, str):
+            parts[key] = value
     return " ".join(f"{k}={_dsn_quote(str(v))}" for k, v in parts.items() if v is not None)
+
+
+def _hosts(hosts: tuple[str, ...]) -> dict[str, str | None]:
+    """`host=a:5432&host=b` as libpq's `host=a,b port=5432,` (an empty port is the default); a socket
+    directory (`/run/postgresql`) is a host as it is."""
+    names, ports = [], []
+    for h in hosts:
+        name, colon, port = h.rpartition(":") if not h.startswith("/") else ("", "", "")
+        names.append(name if colon else h)
+        ports.append(port if colon else "")
+    return {"host": ",".join(names), "port": ",".join(ports) if any(ports) else None}
 
 
 def _dsn_quote(value: str) -> str:

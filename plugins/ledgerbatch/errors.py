@@ -15,6 +15,14 @@ class ConfigError(LedgerbatchError):
     """Bad environment, connection settings or unreachable service."""
 
 
+class UnavailableError(ConfigError):
+    """A dependency that did not answer (unreachable, down): waiting may fix it (ops/outages.py)."""
+
+    def __init__(self, message: str, dependency: str):
+        super().__init__(message)
+        self.dependency = dependency
+
+
 class SpecError(LedgerbatchError):
     """A pipeline spec that does not validate."""
 

@@ -6,7 +6,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from ledgerbatch.config import safe_url
-from ledgerbatch.errors import ConfigError
+from ledgerbatch.errors import ConfigError, UnavailableError
 from ledgerbatch.sqlfiles import query
 
 
@@ -22,7 +22,7 @@ def make_engine(url: str) -> Engine:
             conn.execute(text("SELECT 1"))
     except OperationalError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise ConfigError(f"database {safe_url(url)} is not reachable: {reason}") from None
+        raise UnavailableError(f"database {safe_url(url)} is not reachable: {reason}", "database") from None
     return engine
 
 

@@ -56,6 +56,10 @@ class Metrics:
                                             description="batches committed, by kind (live, replay, backfill)")
         self.errors = meter.create_counter("ledgerbatch.errors", unit="{error}",
                                            description="phases that failed, by error.type")
+        self.outages = meter.create_counter("ledgerbatch.outages", unit="{outage}",
+                                            description="outages `run --follow` waited out, by dependency")
+        self.outage_seconds = meter.create_counter("ledgerbatch.outage.duration", unit="s",
+                                                   description="seconds `run --follow` waited for a dependency")
         self.duration = meter.create_histogram(
             "ledgerbatch.batch.phase.duration", unit="s", description="wall time of a batch phase",
             explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
@@ -96,6 +100,13 @@ class Metrics:
                 self.errors.add(1, {"ledgerbatch.pipeline": pipeline, "ledgerbatch.phase": phase,
                                     "error.type": type(exc).__name__})
             raise
+
+    def outage(self, pipeline: str, dependency: str, seconds: float) -> None:
+        """An outage that ended after `seconds`."""
+        with _guarded("outage"):
+            attrs = {"ledgerbatch.pipeline": pipeline, "ledgerbatch.dependency": dependency}
+            self.outages.add(1, attrs)
+            self.outage_seconds.add(seconds, attrs)
 
     def lag(self, lags: Iterable[PartitionLag]) -> None:
         with self._lock:

@@ -2,8 +2,9 @@
 
 `run_pipeline`: plan, process, commit until caught up (or N batches). With `follow_idle_s` the loop
 never stops at caught up: it keeps its Spark session (the driver, the JVM and the Python workers stay
-warm) and plans again every `follow_idle_s` seconds until `stop` is set. Fencing is unchanged: every
-batch still goes through the ledger's attempts and cursor CAS.
+warm), plans again every `follow_idle_s` seconds until `stop` is set, and waits out its dependencies'
+outages (ops/outages.py). Fencing is unchanged: every batch still goes through the ledger's attempts
+and cursor CAS.
 
 `run_replay`: what the backfill DAG does, in one process.
 """
@@ -28,6 +29,7 @@ from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.ops.events import phase_event
 from ledgerbatch.ops.lineage import Emitter
 from ledgerbatch.ops.metrics import metrics, record_lag
+from ledgerbatch.ops.outages import Backoff, OutageRider, waitable
 from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
@@ -53,11 +55,13 @@ class RunSummary:
 
 def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
                  spark_factory: Callable, max_batches: int | None = None, follow_idle_s: float | None = None,
-                 stop: threading.Event | None = None) -> RunSummary:
+                 stop: threading.Event | None = None, backoff: Backoff = Backoff()) -> RunSummary:
     summary, started, spark, idle, lag_at = RunSummary(), time.monotonic(), None, False, 0.0
     stop = stop or threading.Event()
     counted = partial(metrics().failures, spec.name)
     lineage = Emitter(spec, db_url, bootstrap_servers)
+    # A follower waits out its dependencies' outages (ops/outages.py); a bounded run stops at the first.
+    rider = OutageRider(spec.name, stop, backoff, metrics().outage) if follow_idle_s is not None else None
     faults.arm()
     drop_finished_staging(engine, spec.name)
     if follow_idle_s is not None:  # be warm before the first batch arrives
@@ -65,48 +69,63 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
         warm = warm_up(spark, spec, bootstrap_servers)
         log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm.seconds)
     while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
-        if time.monotonic() - lag_at >= LAG_EVERY_S:
-            record_lag(engine, spec, bootstrap_servers)
-            lag_at = time.monotonic()
-        phase_started = time.monotonic()
-        with counted("plan"):
-            batch = plan_next(engine, spec, bootstrap_servers)
-        if batch is None:
-            if not idle:
-                pause = pause_of(engine, spec)
-                log.info("%s: %s%s", spec.name, f"{pause}, nothing new is planned" if pause else
-                         "caught up, nothing to plan",
-                         f"; following, looking again every {follow_idle_s:g}s" if follow_idle_s is not None else "")
-            if follow_idle_s is None:
-                break
-            idle = True
-            stop.wait(follow_idle_s)
+        try:
+            if time.monotonic() - lag_at >= LAG_EVERY_S:
+                record_lag(engine, spec, bootstrap_servers)
+                lag_at = time.monotonic()
+            phase_started = time.monotonic()
+            with counted("plan"):
+                batch = plan_next(engine, spec, bootstrap_servers)
+            if batch is None:
+                if rider is not None:
+                    rider.ok()
+                if not idle:
+                    pause = pause_of(engine, spec)
+                    log.info("%s: %s%s", spec.name, f"{pause}, nothing new is planned" if pause else
+                             "caught up, nothing to plan",
+                             f"; following, looking again every {follow_idle_s:g}s" if follow_idle_s is not None else "")
+                if follow_idle_s is None:
+                    break
+                idle = True
+                stop.wait(follow_idle_s)
+                continue
+            idle = False
+            phase_event("plan", batch, time.monotonic() - phase_started)
+            crash_point("after_plan")
+            with lineage.running(batch):  # START; FAIL if staging or the commit fails
+                if batch.status != BatchStatus.STAGED:
+                    phase_started = time.monotonic()  # the first batch's process phase includes starting Spark
+                    with counted("process"):
+                        spark = spark or spark_factory()
+                        batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
+                    phase_event("process", batch, time.monotonic() - phase_started)
+                    crash_point("after_stage")
+                try:
+                    phase_started = time.monotonic()
+                    with counted("commit"):
+                        result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
+                except DBAPIError as exc:
+                    if rider is not None or not (exc.connection_invalidated
+                                                 or isinstance(exc, (OperationalError, InterfaceError))):
+                        raise  # a follower waits for the database; then the ledger says whether the COMMIT landed
+                    # Whether the COMMIT landed is in the ledger: the next run reads it, never re-applies blindly.
+                    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+                    raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "
+                                           f"the ledger holds the outcome: run again to resume") from None
+                phase_event("commit", batch, time.monotonic() - phase_started, result.rows_written,
+                            result.rows_quarantined, committed_now=not result.already_committed,
+                            rows_rejected=result.rows_rejected)
+                lineage.emit("COMPLETE", batch, result.rows_written)
+        except Exception as exc:
+            dependency = waitable(exc) if rider is not None else None
+            if dependency is None:
+                raise
+            if dependency == "Spark":
+                spark = None  # a new session on the next try (a restarted Spark Connect server)
+            rider.wait(dependency, exc)
             continue
-        idle = False
-        phase_event("plan", batch, time.monotonic() - phase_started)
-        crash_point("after_plan")
-        with lineage.running(batch):  # START; FAIL if staging or the commit fails
-            if batch.status != BatchStatus.STAGED:
-                phase_started = time.monotonic()  # the first batch's process phase includes starting Spark
-                with counted("process"):
-                    spark = spark or spark_factory()
-                    batch = process_batch(spark, engine, spec, batch.batch_id, db_url, bootstrap_servers)
-                phase_event("process", batch, time.monotonic() - phase_started)
-                crash_point("after_stage")
-            try:
-                phase_started = time.monotonic()
-                with counted("commit"):
-                    result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
-            except DBAPIError as exc:
-                if not (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))):
-                    raise
-                # Whether the COMMIT landed is in the ledger: the next run reads it, never re-applies blindly.
-                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-                raise LedgerbatchError(f"batch {batch.batch_id}: database connection lost during commit ({reason}); "
-                                       f"the ledger holds the outcome: run again to resume") from None
-            phase_event("commit", batch, time.monotonic() - phase_started, result.rows_written, result.rows_quarantined,
-                        committed_now=not result.already_committed, rows_rejected=result.rows_rejected)
-            lineage.emit("COMPLETE", batch, result.rows_written)
+        if rider is not None:
+            rider.ok()
         summary.batches += 1
         summary.batch_ids.append(batch.batch_id)
         summary.records_read += batch.records_read
@@ -117,7 +136,11 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
                  summary.batches, summary.records_read, summary.rows_written, summary.rows_quarantined,
                  summary.rows_rejected,
                  "already committed" if result.already_committed else f"commit {result.seconds:.2f}s")
-    record_lag(engine, spec, bootstrap_servers)
+    try:
+        record_lag(engine, spec, bootstrap_servers)
+    except Exception as exc:  # the last look at lag only feeds the metrics: an outage then changes nothing
+        if rider is None or waitable(exc) is None:
+            raise
     summary.seconds = time.monotonic() - started
     return summary
 

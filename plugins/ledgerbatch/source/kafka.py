@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from ledgerbatch.errors import ConfigError
+from ledgerbatch.errors import ConfigError, UnavailableError
 from ledgerbatch.model.ranges import TopicPartition as TP
 from ledgerbatch.model.ranges import Watermarks
 
@@ -40,12 +40,18 @@ def watermarks(bootstrap_servers: str, topics: tuple[str, ...], options: dict[st
             metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
             if metadata is None or metadata.error is not None or not metadata.partitions:
                 reason = metadata.error.str() if metadata is not None and metadata.error else "no partitions"
-                raise ConfigError(f"topic {topic!r} is not available on {bootstrap_servers}: {reason}")
+                message = f"topic {topic!r} is not available on {bootstrap_servers}: {reason}"
+                if metadata is not None and metadata.error is not None and (
+                        metadata.error.retriable() or metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    # no leader while a broker restarts; a topic unknown while no broker answers (librdkafka's
+                    # cache says so): a follower waits, a fresh run (which has never read it) stops
+                    raise UnavailableError(message, "Kafka")
+                raise ConfigError(message)
             partitions += [(topic, p) for p in sorted(metadata.partitions)]
         low, high = (_list_offsets(consumer, partitions, spec) for spec in (EARLIEST, LATEST))
         return {tp: Watermarks(low[tp], high[tp]) for tp in partitions}
     except KafkaException as exc:
-        raise ConfigError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}") from None
+        raise UnavailableError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}", "Kafka") from None
     finally:
         consumer.close()
 
@@ -88,7 +94,7 @@ def timestamps_at(bootstrap_servers: str, positions: dict[TP, int], options: dic
             out[(msg.topic(), msg.partition())] = msg.timestamp()[1]
             consumer.pause([TopicPartition(msg.topic(), msg.partition())])  # one record of each is enough
     except KafkaException as exc:
-        raise ConfigError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}") from None
+        raise UnavailableError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}", "Kafka") from None
     finally:
         consumer.close()
     return out
@@ -125,7 +131,7 @@ def timestamps_around(bootstrap_servers: str, cursors: dict[TP, int], ends: dict
                     todo.discard(tp)
                     consumer.pause([part])
     except KafkaException as exc:
-        raise ConfigError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}") from None
+        raise UnavailableError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}", "Kafka") from None
     finally:
         consumer.close()
     return {tp: tuple(v) for tp, v in out.items()}

@@ -1,0 +1,95 @@
+"""Riding through outages in `run --follow`: which errors a wait can fix, and the wait.
+
+A dependency that went away (the database restarting, failing over or read-only; every Kafka broker
+down; the registry, Spark or its executors gone while a batch was read) is waited out with capped
+exponential backoff and full jitter, then the loop carries on where the ledger says: a batch whose
+COMMIT's outcome was lost with the connection is committed or not in the ledger, and the next step reads
+which. One line is logged when an outage starts and one when it ends, with how long it lasted, and
+both are counted in the metrics. Everything else (a bad spec, a permission refused, offsets lost to
+retention, a fenced or abandoned batch) is not an outage and still ends the run with its message.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from ledgerbatch.errors import BatchFailedError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+# Server states a reconnect outlives: read-only (a standby not yet promoted), shutting down or starting up.
+WAITABLE_SQLSTATES = {"25006", "57P01", "57P02", "57P03"}
+DATABASE, BATCH = "database", "the batch's read (Kafka, the registry or Spark)"
+
+
+def waitable(exc: BaseException) -> str | None:
+    """The dependency an error says is away, or None where waiting cannot fix it."""
+    if isinstance(exc, UnavailableError):
+        return exc.dependency
+    if isinstance(exc, DBAPIError):
+        code = getattr(exc.orig, "pgcode", None) or ""
+        if (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
+                or code in WAITABLE_SQLSTATES or code.startswith("08")):
+            return DATABASE
+        return None
+    if isinstance(exc, BatchFailedError):  # the attempt failed and is in the ledger; the next one takes over
+        return BATCH
+    if type(exc).__module__.startswith(("pyspark.errors", "grpc", "py4j")):
+        return "Spark"
+    return None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial_s: float = 1.0
+    max_s: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        """Full jitter: a random wait up to initial * 2^attempt, capped (attempt counts from 0)."""
+        return random.uniform(0.5, 1.0) * min(self.max_s, self.initial_s * 2 ** min(attempt, 30))
+
+
+class OutageRider:
+    """One pipeline's outages: `wait` after an error a wait can fix, `ok` after a step that succeeded."""
+
+    def __init__(self, pipeline: str, stop: threading.Event, backoff: Backoff, counted=None):
+        self.pipeline, self.stop, self.backoff, self.counted = pipeline, stop, backoff, counted
+        self.dependency: str | None = None
+        self.reason = ""
+        self.started = 0.0
+        self.attempts = 0
+
+    def wait(self, dependency: str, exc: BaseException) -> None:
+        """Wait before the next try; returns at once when `stop` is set (SIGTERM)."""
+        delay = self.backoff.delay(self.attempts)
+        reason = _reason(exc)
+        if self.dependency is None:
+            self.dependency, self.started = dependency, time.monotonic()
+            log.warning("%s: outage started: %s unavailable (%s); trying again with backoff up to %gs",
+                        self.pipeline, dependency, reason, self.backoff.max_s)
+        elif reason != self.reason:  # a new line only where the reason changes (a standby, then read-only)
+            log.info("%s: still unavailable after %d tries: %s", self.pipeline, self.attempts, reason)
+        self.reason = reason
+        self.attempts += 1
+        self.stop.wait(delay)
+
+    def ok(self) -> None:
+        if self.dependency is None:
+            return
+        seconds = time.monotonic() - self.started
+        log.warning("%s: outage ended: %s back after %.1fs (%d tries)", self.pipeline, self.dependency, seconds,
+                    self.attempts)
+        if self.counted:
+            self.counted(self.pipeline, self.dependency, seconds)
+        self.dependency, self.attempts = None, 0
+
+
+def _reason(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
