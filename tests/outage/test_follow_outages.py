@@ -246,3 +246,25 @@ def test_follow_rides_through_every_kafka_broker_down_for_20_seconds(database, b
     _assert_outage_logged(run.log, "Kafka")
     assert _outages(scraped, "Kafka") >= 1, scraped
     direct.dispose()
+
+
+def test_an_ha_url_reaches_the_primary_from_the_driver_and_every_executor(database, broker, make_pipeline):
+    """A libpq multi-host URL that names the standby first: the driver and the executors' COPY connections
+    skip it for the primary (target_session_attrs=read-write), and the batch commits there."""
+    pg, _ = database
+    standby = pg.standby()
+    try:
+        url = (f"postgresql+psycopg2://postgres@/ledger?host=127.0.0.1:{standby.port}&host=127.0.0.1:{pg.port}"
+               f"&target_session_attrs=read-write&connect_timeout=5&application_name=ledgerbatch-ha")
+        engine = make_engine(url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT pg_is_in_recovery()")).scalar_one() is False
+        p = make_pipeline(partitions=2)
+        assert cli(["migrate"], url, None, p.dir).returncode == 0
+        acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(200)])
+        done = cli(["run", p.name], url, broker.bootstrap_servers, p.dir)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert_exactly_once(engine, p, broker.bootstrap_servers, {(part, off) for part, off, _ in acked}, set())
+        engine.dispose()
+    finally:
+        standby.destroy()

@@ -104,3 +104,18 @@ def test_process_passes_its_batch_id_into_the_job_arguments_at_execute(connectio
     assert args == ["--pipeline", "orders", "--batch-id", "42"]
     assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1:9093" and json.loads(env["LEDGERBATCH_KAFKA_OPTIONS"]) == SECURITY
     assert events == [("process", 42)]
+
+
+def test_an_ha_ledger_connection_lists_its_hosts_in_the_extra(monkeypatch, no_engines):
+    """The host list reaches the driver's URL and the executors' libpq string alike."""
+    from ledgerbatch.airflow.hooks import LedgerHook
+    from ledgerbatch.config import libpq_dsn
+
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGERBATCH_DB", json.dumps(
+        {"conn_type": "postgres", "login": "etl", "schema": "ledger",
+         "extra": {"host": ["db-a:5432", "db-b:5433"], "target_session_attrs": "read-write", "sslmode": "require"}}))
+    url = LedgerHook().get_url()
+    assert url == ("postgresql+psycopg2://etl@/ledger?host=db-a%3A5432&host=db-b%3A5433"
+                   "&sslmode=require&target_session_attrs=read-write")
+    assert libpq_dsn(url) == ("host='db-a,db-b' port='5432,5433' dbname='ledger' user='etl' sslmode='require' "
+                              "target_session_attrs='read-write'")

@@ -29,7 +29,8 @@ class LedgerHook(BaseHook):
     """The ledger and target database of a postgres connection.
 
     :param ledger_conn_id: The connection to use, defaults to "ledgerbatch_db". Its extra becomes the
-        URL's query (sslmode, ...).
+        URL's query (sslmode, ...); a list is a repeated parameter, so `"host": ["db-a:5432", "db-b:5432"]`
+        with `"target_session_attrs": "read-write"` (and no host field) names an HA pair.
     """
 
     conn_name_attr = "ledger_conn_id"
@@ -50,7 +51,8 @@ class LedgerHook(BaseHook):
             conn = self.get_connection(self.ledger_conn_id)
             url = URL.create("postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
                              host=conn.host or None, port=conn.port or None, database=conn.schema or None,
-                             query={k: str(v) for k, v in conn.extra_dejson.items()})  # sslmode, ...
+                             query={k: tuple(map(str, v)) if isinstance(v, list) else str(v)  # sslmode, ...
+                                    for k, v in conn.extra_dejson.items()})
             self._url = url.render_as_string(hide_password=False)
         return self._url
 
