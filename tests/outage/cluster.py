@@ -71,7 +71,7 @@ class Cluster:
         shutil.chown(root, "postgres", "postgres")
         standby = Cluster(root, free_port())
         _as_postgres(BIN / "pg_basebackup", "-h", "127.0.0.1", "-p", self.port, "-U", "postgres", "-D", standby.data,
-                     "-R", "-X", "stream", "--no-sync")
+                     "-R", "-X", "stream", "--no-sync", "--checkpoint=fast")
         standby._configure()
         standby.start()
         return standby

@@ -2,7 +2,8 @@
 (one while a commit waits inside its transaction, one that loses a COMMIT's reply), a failover to a promoted
 asynchronous standby (reached through a read-only phase), and every Kafka broker down for 20 s. Each time the
 process is still up at the end, every record is in the target once, `verify` is clean, the log has the
-outage's start and end, and the metrics count it. The database is a cluster of the test's own (cluster.py)
+outage's start and end, and the metrics count it. And the schema registry down for 20 s on an Avro
+pipeline. The database is a cluster of the test's own (cluster.py)
 behind a TCP proxy, as a VIP would be."""
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from sqlalchemy import text
 
 from ledgerbatch.ledger.engine import make_engine
 
+from ledgerbatch.dev.registry import DevRegistry
 from tests.integration.helpers import assert_exactly_once, cli, order_value, produce
+from tests.serde import ORDER, ORDER_COLUMNS, avro_encoder
 
 from .cluster import Cluster, Proxy, free_port
 
@@ -49,8 +52,8 @@ def database():
 class Run:
     """Orders produced in waves in a thread, and a follower in its own process group, logging to files."""
 
-    def __init__(self, p, broker, db_url: str, log_dir: Path):
-        self.p, self.broker, self.acked = p, broker, []
+    def __init__(self, p, broker, db_url: str, log_dir: Path, value=order_value):
+        self.p, self.broker, self.acked, self.value = p, broker, [], value
         self.metrics_port = free_port()
         self.err_path = log_dir / "follower.err"
         env = {**os.environ, "LEDGERBATCH_DB_URL": db_url, "LEDGERBATCH_PIPELINES_DIR": str(p.dir),
@@ -72,7 +75,7 @@ class Run:
     def _produce(self, first: int, last: int) -> None:
         for wave in range(first, last):
             self.acked += produce(self.broker.bootstrap_servers, self.p.topic,
-                                  [(i % 2, order_value(i)) for i in range(wave * WAVE, (wave + 1) * WAVE)])
+                                  [(i % 2, self.value(i)) for i in range(wave * WAVE, (wave + 1) * WAVE)])
             time.sleep(0.4)
 
     @property
@@ -96,6 +99,22 @@ class Run:
                 pass
             assert time.monotonic() < deadline, f"{offsets} offsets not committed in {timeout_s}s: {self.log[-3000:]}"
             time.sleep(0.2)
+
+    def next_commit(self, engine, timeout_s: float = 120) -> float:
+        """Seconds from now (a dependency just recovered) to the pipeline's next commit, by the database's
+        clock; printed for docs/failure-and-recovery.md's failover matrix."""
+        with engine.connect() as conn:
+            recovered = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.alive()
+            with engine.connect() as conn:
+                committed = conn.execute(text("SELECT min(committed_at) FROM ledger.batches WHERE pipeline = :p "
+                                              "AND committed_at > :t"), {"p": self.p.name, "t": recovered}).scalar_one()
+            if committed is not None:
+                return (committed - recovered).total_seconds()
+            time.sleep(0.05)
+        raise AssertionError(f"no commit within {timeout_s}s of the recovery: {self.log[-3000:]}")
 
     def metrics(self) -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
@@ -121,8 +140,8 @@ class Run:
 
 
 @contextmanager
-def following(p, broker, db_url: str, tmp_path: Path):
-    run = Run(p, broker, db_url, tmp_path)
+def following(p, broker, db_url: str, tmp_path: Path, value=order_value):
+    run = Run(p, broker, db_url, tmp_path, value)
     try:
         yield run
     finally:
@@ -177,11 +196,13 @@ def test_follow_rides_through_immediate_restarts_of_its_database(database, broke
         run.wait_committed(direct, 1)
         time.sleep(random.uniform(0.5, 2.0))
         pg.restart()  # 1: at a random point
+        print(f"failover matrix: immediate restart: next commit {run.next_commit(direct):.2f}s after the server is back")
         run.wait_committed(direct, 1500)
         deadline = time.monotonic() + 60
         while not _restart_inside_a_commit(pg, direct):  # 2: inside a commit, before its COMMIT is sent
             assert time.monotonic() < deadline, "no commit caught waiting inside its transaction"
             time.sleep(0.05)
+        print(f"failover matrix: restart inside a commit: next commit {run.next_commit(direct):.2f}s after the server is back")
         run.wait_committed(direct, 2500)
         # A batch's COMMIT reaches the server and its reply never reaches the runner.
         proxy.cut_after(b"COMMIT\x00", prelude=b"SET status = 'committed'")
@@ -214,6 +235,7 @@ def test_follow_rides_through_a_failover_to_a_promoted_asynchronous_standby(data
             run.alive()
             standby.promote()
             promoted = make_engine(standby.url("ledger"))
+            print(f"failover matrix: failover: next commit {run.next_commit(promoted):.2f}s after the promotion")
             scraped = run.finish(promoted, db_url)
             promoted.dispose()
         assert "in a read-only transaction" in run.log, run.log[-3000:]  # the standby before its promotion
@@ -242,9 +264,38 @@ def test_follow_rides_through_every_kafka_broker_down_for_20_seconds(database, b
             broker.start_broker(0)
             broker.wait_ready()
         run.produce(10)  # and orders keep arriving
+        print(f"failover matrix: Kafka down 20 s: next commit {run.next_commit(direct):.2f}s after the broker is back")
         scraped = run.finish(direct, db_url)
     _assert_outage_logged(run.log, "Kafka")
     assert _outages(scraped, "Kafka") >= 1, scraped
+    direct.dispose()
+
+
+def test_follow_rides_through_the_schema_registry_down_for_20_seconds(database, broker, make_pipeline, tmp_path):
+    """An Avro pipeline: the batches read while the registry is away fail (nothing quarantined), and the
+    follower waits; the producer keeps its schema id and keeps producing."""
+    pg, proxy = database
+    with DevRegistry() as registry:
+        p = make_pipeline(partitions=2, batch__max_records=300, source__format="avro", source__schema=ORDER_COLUMNS,
+                          source__schema_registry={"url": registry.url, "max.retries": "1", "retries.wait.ms": "50"})
+        db_url, direct = pg.url("ledger", proxy.port), make_engine(pg.url("ledger"))
+        assert cli(["migrate"], db_url, None, p.dir).returncode == 0
+        encode = avro_encoder(registry.url, p.topic)
+        encode({**ORDER, "id": 0})  # the schema registered before the registry goes
+        with following(p, broker, db_url, tmp_path, lambda i: encode({**ORDER, "id": i})) as run:
+            run.wait_committed(direct, 600)
+            registry.stop()
+            try:
+                time.sleep(20)
+                run.alive()
+            finally:
+                registry.start()
+            print(f"failover matrix: registry down 20 s: next commit {run.next_commit(direct):.2f}s after it is back")
+            scraped = run.finish(direct, db_url)
+        with direct.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM ledger.quarantine")).scalar_one() == 0
+    _assert_outage_logged(run.log, "schema registry")
+    assert _outages(scraped, "schema registry") >= 1, scraped
     direct.dispose()
 
 

@@ -21,7 +21,10 @@ def test_outages_are_waited_out_and_everything_else_ends_the_run():
     assert waitable(ProgrammingError("INSERT", {}, _PgError("25006"))) == DATABASE  # a standby, not yet promoted
     assert waitable(ProgrammingError("SELECT", {}, _PgError("57P01"))) == DATABASE  # terminating: admin shutdown
     assert waitable(UnavailableError("Kafka at b:9092 is not reachable", "Kafka")) == "Kafka"
-    assert waitable(BatchFailedError("batch 3 attempt 1 failed: registry unreachable")) is not None
+    assert waitable(BatchFailedError("batch 3 attempt 1 failed: schema registry unreachable while reading schema id 3: "
+                                     "...")) == "schema registry"
+    assert waitable(BatchFailedError("batch 3 attempt 1 failed: server closed the connection unexpectedly")) == DATABASE
+    assert waitable(BatchFailedError("batch 3 attempt 1 failed: Lost executor 1")) == "Spark"
     for final in (ProgrammingError("INSERT", {}, _PgError("42501")), SpecError("bad spec"), DataLossError("gone"),
                   FencedError("abandoned"), ValueError("a bug")):
         assert waitable(final) is None, final

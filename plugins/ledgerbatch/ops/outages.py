@@ -24,7 +24,10 @@ log = logging.getLogger(__name__)
 
 # Server states a reconnect outlives: read-only (a standby not yet promoted), shutting down or starting up.
 WAITABLE_SQLSTATES = {"25006", "57P01", "57P02", "57P03"}
-DATABASE, BATCH = "database", "the batch's read (Kafka, the registry or Spark)"
+DATABASE = "database"
+# What a failed read's reason names (it crosses Spark as text); anything else is Spark's own trouble.
+_READ_DEPENDENCIES = (("schema registry", "schema registry"), ("connection to server", DATABASE),
+                      ("server closed the connection", DATABASE), ("Kafka", "Kafka"), ("rdkafka", "Kafka"))
 
 
 def waitable(exc: BaseException) -> str | None:
@@ -38,7 +41,7 @@ def waitable(exc: BaseException) -> str | None:
             return DATABASE
         return None
     if isinstance(exc, BatchFailedError):  # the attempt failed and is in the ledger; the next one takes over
-        return BATCH
+        return next((dependency for said, dependency in _READ_DEPENDENCIES if said in str(exc)), "Spark")
     if type(exc).__module__.startswith(("pyspark.errors", "grpc", "py4j")):
         return "Spark"
     return None
