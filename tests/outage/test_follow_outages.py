@@ -7,6 +7,7 @@ pipeline. The database is a cluster of the test's own (cluster.py)
 behind a TCP proxy, as a VIP would be."""
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -52,7 +53,7 @@ def database():
 class Run:
     """Orders produced in waves in a thread, and a follower in its own process group, logging to files."""
 
-    def __init__(self, p, broker, db_url: str, log_dir: Path, value=order_value):
+    def __init__(self, p, broker, db_url: str, log_dir: Path, value=order_value, spark: tuple = ()):
         self.p, self.broker, self.acked, self.value = p, broker, [], value
         self.metrics_port = free_port()
         self.err_path = log_dir / "follower.err"
@@ -60,7 +61,7 @@ class Run:
                "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers, "LEDGERBATCH_SPARK_MASTER": "local[2]"}
         self.follower = subprocess.Popen(
             [sys.executable, "-m", "ledgerbatch.cli", "run", p.name, "--follow", "--idle-seconds", "0.3",
-             "--backoff-initial", "0.2", "--backoff-max", "2", "--metrics-port", str(self.metrics_port)],
+             "--backoff-initial", "0.2", "--backoff-max", "2", "--metrics-port", str(self.metrics_port), *spark],
             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=open(self.err_path, "w"), text=True,
             start_new_session=True)
         self.waves = 0
@@ -140,8 +141,8 @@ class Run:
 
 
 @contextmanager
-def following(p, broker, db_url: str, tmp_path: Path, value=order_value):
-    run = Run(p, broker, db_url, tmp_path, value)
+def following(p, broker, db_url: str, tmp_path: Path, value=order_value, spark: tuple = ()):
+    run = Run(p, broker, db_url, tmp_path, value, spark)
     try:
         yield run
     finally:
@@ -299,6 +300,33 @@ def test_follow_rides_through_the_schema_registry_down_for_20_seconds(database, 
     direct.dispose()
 
 
+def test_follow_rides_through_its_spark_connect_server_killed_and_restarted(database, broker, make_pipeline,
+                                                                            tmp_path):
+    """The follower runs its batches on a Spark Connect server, which is killed (its whole process group)
+    and started again on the same port: the follower opens a new session and carries on."""
+    from ledgerbatch.spark.server import LocalConnectServer
+
+    pg, proxy = database
+    p = make_pipeline(partitions=2, batch__max_records=300)
+    db_url, direct = pg.url("ledger", proxy.port), make_engine(pg.url("ledger"))
+    assert cli(["migrate"], db_url, None, p.dir).returncode == 0
+    server = LocalConnectServer("local[2]", output=open(tmp_path / "connect.log", "w"))
+    try:
+        with following(p, broker, db_url, tmp_path, spark=("--remote", server.url)) as run:
+            run.wait_committed(direct, 1000)
+            server.close()  # SIGTERM, then SIGKILL, to the server's group: JVM and Python workers
+            time.sleep(3)
+            run.alive()
+            server = LocalConnectServer("local[2]", port=server.port, output=open(tmp_path / "connect2.log", "w"))
+            print(f"failover matrix: Spark Connect restarted: next commit {run.next_commit(direct):.2f}s after it is back")
+            scraped = run.finish(direct, db_url)
+    finally:
+        server.close()
+    _assert_outage_logged(run.log, "Spark")
+    assert _outages(scraped, "Spark") >= 1, scraped
+    direct.dispose()
+
+
 def test_an_ha_url_reaches_the_primary_from_the_driver_and_every_executor(database, broker, make_pipeline):
     """A libpq multi-host URL that names the standby first: the driver and the executors' COPY connections
     skip it for the primary (target_session_attrs=read-write), and the batch commits there."""
@@ -319,3 +347,50 @@ def test_an_ha_url_reaches_the_primary_from_the_driver_and_every_executor(databa
         engine.dispose()
     finally:
         standby.destroy()
+
+
+def test_the_event_driven_trigger_keeps_watching_through_a_database_restart(database, broker, make_pipeline,
+                                                                            monkeypatch, caplog):
+    """NewDataTrigger's looks fail while the database is down: one line when that starts, one when it ends,
+    and then it fires for the records that arrived."""
+    import asyncio
+    import json
+
+    from ledgerbatch.airflow.triggers import NewDataTrigger
+
+    pg, proxy = database
+    p = make_pipeline(partitions=1)
+    assert cli(["migrate"], pg.url("ledger", proxy.port), None, p.dir).returncode == 0
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGERBATCH_DB", json.dumps(
+        {"conn_type": "postgres", "host": "127.0.0.1", "port": proxy.port, "login": "postgres", "schema": "ledger"}))
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGERBATCH_KAFKA", json.dumps(
+        {"conn_type": "generic", "extra": {"bootstrap.servers": broker.bootstrap_servers}}))
+    trigger = NewDataTrigger(pipeline=p.name, pipelines_dir=str(p.dir), poll_interval=0.1)
+
+    async def watch():
+        events = trigger.run()
+        first = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(1.0)  # the probe is open and looking: a pipeline that never ran fires at once
+        assert (await asyncio.wait_for(first, 30)).payload["pipeline"] == p.name
+        second = asyncio.ensure_future(anext(events))  # the trigger looks on while the generator is awaited
+        await asyncio.to_thread(pg.stop)
+        await asyncio.sleep(2.0)  # about 20 looks that fail
+        await asyncio.to_thread(pg.start)
+        await asyncio.to_thread(produce, broker.bootstrap_servers, p.topic, [(0, order_value(i)) for i in range(5)])
+        event = await asyncio.wait_for(second, 60)
+        await events.aclose()
+        await trigger.cleanup()
+        return event.payload
+
+    trigger._log = logger = logging.getLogger("tests.outage.trigger")  # a plain logger in place of Airflow's
+    logger.setLevel(logging.INFO)
+    logger.addHandler(caplog.handler)
+    try:
+        payload = asyncio.run(watch())
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert payload["pending_offsets"] == 5
+    lines = [r.getMessage() for r in caplog.records if "outage" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert f"{p.name}: outage started: database unavailable (" in lines[0] and "looking again every 0.1s" in lines[0]
+    assert f"{p.name}: outage ended: database back after " in lines[1]

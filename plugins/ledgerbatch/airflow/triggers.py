@@ -211,18 +211,21 @@ class NewDataTrigger(BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from asgiref.sync import sync_to_async
 
+        from ledgerbatch.ops.outages import Outage, waitable
+
         self._probe = await sync_to_async(self._open_probe)()  # hooks read connections: as the providers do
         fired: tuple | None = None
         fired_at, backoff = 0.0, self.refire_after
         first, paused = True, False
+        outage = Outage(self.pipeline, logger=self.log)
         while True:
             try:
                 found = await asyncio.to_thread(self._probe.look)
-            except Exception as exc:  # noqa: BLE001  (Kafka or the database away: keep watching, say why)
-                self.log.warning("%s: cannot look for new data (retrying in %.0fs): %s", self.pipeline,
-                                 self.poll_interval, exc)
+            except Exception as exc:  # noqa: BLE001  (Kafka or the database away: keep watching, say so once)
+                outage.failed(waitable(exc) or type(exc).__name__, exc, f"looking again every {self.poll_interval:g}s")
                 await asyncio.sleep(self.poll_interval)
                 continue
+            outage.ok()
             # New offsets (or a pipeline that never ran), once per state; an unfinished batch on the first look
             # (a triggerer restart). The same state again only after a backoff, and never while an attempt is
             # staged: the run it started failed without delivering.

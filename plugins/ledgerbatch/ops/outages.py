@@ -57,39 +57,51 @@ class Backoff:
         return random.uniform(0.5, 1.0) * min(self.max_s, self.initial_s * 2 ** min(attempt, 30))
 
 
-class OutageRider:
-    """One pipeline's outages: `wait` after an error a wait can fix, `ok` after a step that succeeded."""
+class Outage:
+    """One pipeline's outages as they are logged (and counted): `failed` after a try that a wait can fix,
+    `ok` after one that succeeded. One line when an outage starts, one where its reason changes (a standby,
+    then read-only), one when it ends."""
 
-    def __init__(self, pipeline: str, stop: threading.Event, backoff: Backoff, counted=None):
-        self.pipeline, self.stop, self.backoff, self.counted = pipeline, stop, backoff, counted
+    def __init__(self, pipeline: str, counted=None, logger: logging.Logger | None = None):
+        self.pipeline, self.counted, self.log = pipeline, counted, logger or log
         self.dependency: str | None = None
         self.reason = ""
         self.started = 0.0
         self.attempts = 0
 
-    def wait(self, dependency: str, exc: BaseException) -> None:
-        """Wait before the next try; returns at once when `stop` is set (SIGTERM)."""
-        delay = self.backoff.delay(self.attempts)
+    def failed(self, dependency: str, exc: BaseException, retry: str) -> None:
         reason = _reason(exc)
         if self.dependency is None:
             self.dependency, self.started = dependency, time.monotonic()
-            log.warning("%s: outage started: %s unavailable (%s); trying again with backoff up to %gs",
-                        self.pipeline, dependency, reason, self.backoff.max_s)
-        elif reason != self.reason:  # a new line only where the reason changes (a standby, then read-only)
-            log.info("%s: still unavailable after %d tries: %s", self.pipeline, self.attempts, reason)
+            self.log.warning("%s: outage started: %s unavailable (%s); %s", self.pipeline, dependency, reason, retry)
+        elif reason != self.reason:
+            self.log.info("%s: still unavailable after %d tries: %s", self.pipeline, self.attempts, reason)
         self.reason = reason
         self.attempts += 1
-        self.stop.wait(delay)
 
     def ok(self) -> None:
         if self.dependency is None:
             return
         seconds = time.monotonic() - self.started
-        log.warning("%s: outage ended: %s back after %.1fs (%d tries)", self.pipeline, self.dependency, seconds,
-                    self.attempts)
+        self.log.warning("%s: outage ended: %s back after %.1fs (%d tries)", self.pipeline, self.dependency, seconds,
+                         self.attempts)
         if self.counted:
             self.counted(self.pipeline, self.dependency, seconds)
         self.dependency, self.attempts = None, 0
+
+
+class OutageRider(Outage):
+    """A follower's outages, waited out with backoff: `wait` after an error a wait can fix."""
+
+    def __init__(self, pipeline: str, stop: threading.Event, backoff: Backoff, counted=None):
+        super().__init__(pipeline, counted)
+        self.stop, self.backoff = stop, backoff
+
+    def wait(self, dependency: str, exc: BaseException) -> None:
+        """Wait before the next try; returns at once when `stop` is set (SIGTERM)."""
+        delay = self.backoff.delay(self.attempts)
+        self.failed(dependency, exc, f"trying again with backoff up to {self.backoff.max_s:g}s")
+        self.stop.wait(delay)
 
 
 def _reason(exc: BaseException) -> str:

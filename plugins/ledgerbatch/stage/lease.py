@@ -5,7 +5,9 @@ while its tasks run. Another runner that comes for the batch meanwhile (two `run
 beside an Airflow task) waits for that attempt to finish instead of starting a new attempt that would
 fence it, and after it the two fight over nothing: the batch is staged or committed. A lease not
 renewed for LEASE_S seconds belongs to a process that died or froze (SIGSTOP, a paused VM): the next
-runner begins a new attempt, and the old one is fenced at its mark and at the commit as before.
+runner begins a new attempt, and the old one is fenced at its mark and at the commit as before. An attempt
+this process staged and has left (the database went away under it, so its failure may not be in the ledger)
+is not waited for: its lease is this process's own, and nothing renews it any more.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from ledgerbatch.model.batch import Batch
 log = logging.getLogger(__name__)
 LEASE_S = 15.0
 WAIT_POLL_S = 1.0
+_LEFT: set[tuple[int, int]] = set()  # (batch id, attempt) of the attempts this process staged and left
 
 
 class AttemptLease:
@@ -39,6 +42,7 @@ class AttemptLease:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        _LEFT.add((self.batch_id, self.attempt))
 
     def _renew(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -50,14 +54,19 @@ class AttemptLease:
                 log.warning("batch %d attempt %d: cannot renew its lease: %s", self.batch_id, self.attempt, exc)
 
 
-def wait_for_holder(engine: Engine, batch_id: int, lease_s: float = LEASE_S) -> Batch:
+def lease_of(batch: Batch) -> float:
+    """How fresh a lease of the batch's attempt must be to be waited for: never for one this process left."""
+    return 0.0 if (batch.batch_id, batch.attempt) in _LEFT else LEASE_S
+
+
+def wait_for_holder(engine: Engine, batch_id: int) -> Batch:
     """Wait while another attempt stages the batch under a live lease; returns the batch as it is then
     (staged or committed by the holder, or unstaged with a lapsed lease: the caller takes it over)."""
     started, said = time.monotonic(), False
     while True:
         with engine.connect() as conn:
-            if not attempt_held(conn, batch_id, lease_s):
-                batch = get_batch(conn, batch_id)
+            batch = get_batch(conn, batch_id)
+            if not attempt_held(conn, batch_id, lease_of(batch)):
                 if said:
                     log.info("batch %d is no longer held (%s, attempt %d) after waiting %.1fs", batch_id,
                              batch.status, batch.attempt, time.monotonic() - started)

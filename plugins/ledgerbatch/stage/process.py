@@ -27,7 +27,7 @@ from ledgerbatch.spec.pipeline import PipelineSpec, check_version
 from ledgerbatch.stage import transform
 from ledgerbatch.stage.driver import stage_batch
 from ledgerbatch.stage.job import Parsing, StagingJob
-from ledgerbatch.stage.lease import LEASE_S, AttemptLease, wait_for_holder
+from ledgerbatch.stage.lease import AttemptLease, lease_of, wait_for_holder
 from ledgerbatch.stage.tables import bad_name, drop_staging_quietly, open_staging, output_order
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     target = transform.output_spec(spec, output) if output is not None else spec
     while True:
         with engine.begin() as conn:
-            attempt = begin_attempt(conn, batch_id, schema_ddl(output) if output is not None else None, LEASE_S)
+            attempt = begin_attempt(conn, batch_id, schema_ddl(output) if output is not None else None, lease_of(batch))
             if attempt is not None:
                 batch = get_batch(conn, batch_id)
                 table = open_staging(conn, target, batch_id, attempt, libpq_dsn(db_url))
