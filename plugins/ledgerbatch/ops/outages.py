@@ -2,7 +2,7 @@
 
 A dependency that went away (the database restarting, failing over or read-only; every Kafka broker
 down; the registry, Spark or its executors gone while a batch was read) is waited out with capped
-exponential backoff and full jitter, then the loop carries on where the ledger says: a batch whose
+exponential backoff and jitter, then the loop carries on where the ledger says: a batch whose
 COMMIT's outcome was lost with the connection is committed or not in the ledger, and the next step reads
 which. One line is logged when an outage starts and one when it ends, with how long it lasted, and
 both are counted in the metrics. Everything else (a bad spec, a permission refused, offsets lost to
@@ -53,7 +53,8 @@ class Backoff:
     max_s: float = 60.0
 
     def delay(self, attempt: int) -> float:
-        """Full jitter: a random wait up to initial * 2^attempt, capped (attempt counts from 0)."""
+        """A random wait between half and all of initial * 2^attempt, capped (attempt counts from 0): runners
+        that lost the same server do not all come back at once."""
         return random.uniform(0.5, 1.0) * min(self.max_s, self.initial_s * 2 ** min(attempt, 30))
 
 
