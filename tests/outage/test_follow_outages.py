@@ -390,7 +390,9 @@ def test_the_event_driven_trigger_keeps_watching_through_a_database_restart(data
     finally:
         logger.removeHandler(caplog.handler)
     assert payload["pending_offsets"] == 5
-    lines = [r.getMessage() for r in caplog.records if "outage" in r.getMessage()]
+    # once per record: the logger may also reach caplog through the root, where Airflow's set-up leaves it
+    lines = list(dict.fromkeys((r.created, r.getMessage()) for r in caplog.records if "outage" in r.getMessage()))
+    lines = [message for _, message in lines]
     assert len(lines) == 2, lines
     assert f"{p.name}: outage started: database unavailable (" in lines[0] and "looking again every 0.1s" in lines[0]
     assert f"{p.name}: outage ended: database back after " in lines[1]
