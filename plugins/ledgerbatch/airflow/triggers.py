@@ -96,7 +96,7 @@ class NewDataProbe:
         on the kept consumer)."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        from ledgerbatch.errors import ConfigError
+        from ledgerbatch.errors import ConfigError, UnavailableError
         from ledgerbatch.model.ranges import Watermarks
         from ledgerbatch.source.kafka import METADATA_TIMEOUT_S
 
@@ -112,7 +112,7 @@ class NewDataProbe:
                                                                     timeout=METADATA_TIMEOUT_S, cached=False)
                     out[(topic, p)] = Watermarks(low, high)
         except KafkaException as exc:
-            raise ConfigError(f"Kafka is not reachable: {exc.args[0].str()}") from None
+            raise UnavailableError(f"Kafka is not reachable: {exc.args[0].str()}", "Kafka") from None
         return out
 
     def look(self) -> Pending:
