@@ -117,11 +117,13 @@ SELECT max(batch_id) FROM ledger.batches WHERE pipeline = :pipeline AND status =
 SELECT DISTINCT pipeline FROM ledger.batches ORDER BY pipeline;
 
 -- name: finished_staging_tables
--- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up), by
--- the name of the good-rows table (drop_staging drops the bad-records table with it).
+-- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up), or gone from
+-- the ledger (compacted: a batch row exists before its staging table does), by the name of the good-rows
+-- table (drop_staging drops the bad-records table with it).
 SELECT DISTINCT regexp_replace(t.table_name, '_bad$', '') AS table_name FROM information_schema.tables t
-JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a\d+(_bad)?$')::bigint
-WHERE t.table_schema = 'ledger_staging' AND b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned');
+LEFT JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a\d+(_bad)?$')::bigint
+WHERE t.table_schema = 'ledger_staging' AND t.table_name ~ '^b\d+_a\d+(_bad)?$'
+  AND (b.batch_id IS NULL OR (b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned')));
 
 -- name: delivering_batches
 -- Committed batches of the pipeline (other than :batch_id) whose ranges overlap the given ranges

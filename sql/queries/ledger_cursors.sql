@@ -30,11 +30,20 @@ WHERE (ledger.end_offsets.log_start, ledger.end_offsets.end_offset) IS DISTINCT 
 SELECT start_offset, next_offset FROM ledger.cursors WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition;
 
 -- name: delivered_overlap
--- How many offsets of [from, until) of one partition committed live or backfill batches delivered.
-SELECT coalesce(sum(greatest(0, least(r.until_offset, :until_offset) - greatest(r.from_offset, :from_offset))), 0) AS overlap
-FROM ledger.batch_ranges r
-WHERE r.pipeline = :pipeline AND r.topic = :topic AND r.partition = :partition AND r.committed
-  AND r.kind IN ('live', 'backfill');
+-- How many offsets of [from, until) of one partition committed live or backfill batches delivered, those
+-- folded into its checkpoint (migration 014) included, less the lost or skipped offsets inside that.
+SELECT coalesce(sum(r.sign * greatest(0, least(r.until_offset, :until_offset) - greatest(r.from_offset, :from_offset))), 0)
+       AS overlap
+FROM (SELECT 1 AS sign, from_offset, until_offset FROM ledger.batch_ranges
+      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND committed
+        AND kind IN ('live', 'backfill')
+      UNION ALL
+      SELECT 1, coalesce(backfilled_from, from_offset), until_offset FROM ledger.checkpoints
+      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition
+      UNION ALL
+      SELECT -1, l.from_offset, l.until_offset FROM ledger.lost_ranges l JOIN ledger.checkpoints k USING (pipeline, topic, partition)
+      WHERE l.pipeline = :pipeline AND l.topic = :topic AND l.partition = :partition
+        AND l.from_offset >= k.from_offset AND l.until_offset <= k.until_offset) r;
 
 -- name: insert_lost_range
 INSERT INTO ledger.lost_ranges (pipeline, topic, partition, from_offset, until_offset, acknowledged_by, reason)

@@ -20,7 +20,10 @@ FROM (SELECT from_offset, until_offset FROM ledger.batch_ranges
         AND kind IN ('live', 'backfill')
       UNION ALL
       SELECT from_offset, until_offset FROM ledger.lost_ranges
-      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND kind = 'lost') r;
+      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND kind = 'lost'
+      UNION ALL  -- compacted (migration 014): skipped offsets inside count too, so a move back over it is refused
+      SELECT from_offset, until_offset FROM ledger.checkpoints
+      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition) r;
 
 -- name: unskip_from
 -- A move back to :to_offset: skipped ranges at or after it are no longer skipped; one across it ends there.

@@ -3,7 +3,7 @@
 -- name: status_partitions
 -- Each cursor with the end offsets observed at the last plan and the age of its last batch's commit.
 SELECT c.topic, c.partition, c.next_offset, c.last_batch_id, e.log_start, e.end_offset, e.observed_at,
-       extract(epoch FROM now() - b.committed_at)::float AS last_batch_age_s
+       extract(epoch FROM now() - coalesce(b.committed_at, c.updated_at))::float AS last_batch_age_s  -- compacted: the cursor's move
 FROM ledger.cursors c
 LEFT JOIN ledger.end_offsets e USING (pipeline, topic, partition)
 LEFT JOIN ledger.batches b ON b.batch_id = c.last_batch_id
@@ -18,6 +18,13 @@ SELECT batch_id, kind, status, attempt, records_read, rows_written, rows_quarant
        extract(epoch FROM staged_at - created_at)::float AS planned_to_staged_s,
        extract(epoch FROM committed_at - staged_at)::float AS staged_to_committed_s
 FROM ledger.batches WHERE pipeline = :pipeline ORDER BY batch_id DESC LIMIT :limit;
+
+-- name: status_history
+-- What compaction and quarantine retention folded (migration 014), with the partitions' replay horizons.
+SELECT k.batches, k.through_batch_id, k.compacted_at, k.quarantine_purged, k.purged_at, k.deletes_folded,
+       (SELECT string_agg(h.topic || '[' || h.partition || '] ' || h.replay_horizon, ', ' ORDER BY h.topic, h.partition)
+        FROM ledger.checkpoints h WHERE h.pipeline = k.pipeline AND h.replay_horizon IS NOT NULL) AS horizons
+FROM ledger.compactions k WHERE k.pipeline = :pipeline;
 
 -- name: status_last_error
 -- The newest batch that failed, or a live batch abandoned with a reason (replay dry runs keep their diff there).

@@ -14,6 +14,7 @@ SELECT format('%s target rows carry batch ids that are not committed batches of 
               count(*), min(t._batch_id)) AS problem
 FROM {schema}.{table} t LEFT JOIN ledger.batches b ON b.batch_id = t._batch_id AND b.pipeline = :pipeline AND b.status = 'committed'
 WHERE b.batch_id IS NULL
+  AND t._batch_id > coalesce((SELECT through_batch_id FROM ledger.compactions WHERE pipeline = :pipeline), 0)
 HAVING count(*) > 0
 UNION ALL
 SELECT format('%s target rows lie outside every committed range (e.g. %s[%s] offset %s)',
@@ -22,6 +23,9 @@ FROM {schema}.{table} t
 WHERE NOT EXISTS (SELECT 1 FROM ledger.batch_ranges r
                   WHERE r.pipeline = :pipeline AND r.committed AND r.topic = t._topic AND r.partition = t._partition
                     AND t._offset >= r.from_offset AND t._offset < r.until_offset)
+  AND NOT EXISTS (SELECT 1 FROM ledger.checkpoints k  -- compacted history (migration 014)
+                  WHERE k.pipeline = :pipeline AND k.topic = t._topic AND k.partition = t._partition
+                    AND t._offset >= coalesce(k.backfilled_from, k.from_offset) AND t._offset < k.until_offset)
 HAVING count(*) > 0
 UNION ALL
 SELECT format('%s coordinates appear more than once in the target (e.g. %s[%s] offset %s)',
@@ -39,19 +43,24 @@ HAVING count(*) > 0;
 -- Append targets: rows + quarantined records (bad or refused by the target) = records read by committed live
 -- and backfill batches less what their query transforms filtered out, plus what each committed replay wrote,
 -- quarantined and had refused less what it replaced (a replay with a changed query may keep more or fewer rows).
-SELECT format('target holds %s rows and quarantine %s records, but committed batches read %s records, filtered %s '
-              'and replays changed that by %s',
+-- Compacted batches count through their sums in ledger.compactions, purged quarantine through its count there.
+SELECT format('target holds %s rows and quarantine %s records (and %s purged), but committed batches read %s '
+              'records, filtered %s and replays changed that by %s',
               (SELECT count(*) FROM {schema}.{table}),
               (SELECT count(*) FROM ledger.quarantine WHERE pipeline = :pipeline),
-              d.records_read, d.records_filtered, d.replayed) AS problem
-FROM (SELECT coalesce(sum(records_read) FILTER (WHERE kind IN ('live', 'backfill')), 0) AS records_read,
-             coalesce(sum(records_filtered) FILTER (WHERE kind IN ('live', 'backfill')), 0) AS records_filtered,
-             coalesce(sum(rows_written + rows_quarantined + rows_rejected - records_replaced) FILTER (WHERE kind = 'replay'), 0)
-                 AS replayed
-      FROM ledger.batches
-      WHERE pipeline = :pipeline AND status = 'committed') d
+              d.purged, d.records_read, d.records_filtered, d.replayed) AS problem
+FROM (SELECT b.records_read + coalesce(k.records_read, 0) AS records_read,
+             b.records_filtered + coalesce(k.records_filtered, 0) AS records_filtered,
+             b.replayed + coalesce(k.replay_delta, 0) AS replayed, coalesce(k.quarantine_purged, 0) AS purged
+      FROM (SELECT coalesce(sum(records_read) FILTER (WHERE kind IN ('live', 'backfill')), 0) AS records_read,
+                   coalesce(sum(records_filtered) FILTER (WHERE kind IN ('live', 'backfill')), 0) AS records_filtered,
+                   coalesce(sum(rows_written + rows_quarantined + rows_rejected - records_replaced)
+                            FILTER (WHERE kind = 'replay'), 0) AS replayed
+            FROM ledger.batches
+            WHERE pipeline = :pipeline AND status = 'committed') b
+      LEFT JOIN ledger.compactions k ON k.pipeline = :pipeline) d
 WHERE (SELECT count(*) FROM {schema}.{table}) + (SELECT count(*) FROM ledger.quarantine WHERE pipeline = :pipeline)
-   <> d.records_read - d.records_filtered + d.replayed;
+      + d.purged <> d.records_read - d.records_filtered + d.replayed;
 
 -- name: verify_aggregate
 -- Aggregate targets (modes/aggregate.py): contributions come from committed batches of this
@@ -62,6 +71,7 @@ SELECT format('%s contributions carry batch ids that are not committed batches o
 FROM ledger_aggregates.{contributions} c
 LEFT JOIN ledger.batches b ON b.batch_id = c._batch_id AND b.pipeline = :pipeline AND b.status = 'committed'
 WHERE b.batch_id IS NULL
+  AND c._batch_id > coalesce((SELECT through_batch_id FROM ledger.compactions WHERE pipeline = :pipeline), 0)
 HAVING count(*) > 0
 UNION ALL
 SELECT format('offsets counted twice: %s[%s] [%s, %s) of batch %s overlaps batch %s',

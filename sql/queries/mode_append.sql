@@ -10,8 +10,8 @@ CREATE TABLE IF NOT EXISTS {schema}.{table} (
 ) PARTITION BY RANGE (_batch_id);
 
 -- name: target_partitions
--- Each partition's batch id bounds; upper NULL is MAXVALUE.
-SELECT p.relname AS name, m[1]::bigint AS lower, m[2]::bigint AS upper
+-- Each partition's batch id bounds (upper NULL is MAXVALUE) and its size in bytes.
+SELECT p.relname AS name, m[1]::bigint AS lower, m[2]::bigint AS upper, pg_total_relation_size(p.oid) AS size
 FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
 CROSS JOIN LATERAL regexp_match(pg_get_expr(p.relpartbound, p.oid),
                                 'FROM \(''?(\d+)''?\) TO \((?:''?(\d+)''?|MAXVALUE)\)') m
@@ -52,3 +52,27 @@ DELETE FROM {schema}.{table} t USING unnest(CAST(:topics AS text[]), CAST(:parti
             CAST(:until_offsets AS bigint[])) AS r(topic, partition, from_offset, until_offset)
 WHERE t._topic = r.topic AND t._partition = r.partition
   AND t._offset >= r.from_offset AND t._offset < r.until_offset AND t._batch_id <> :batch_id;
+
+-- name: create_merged_partition
+-- Rollup (plugins/ledgerbatch/commit/modes/rollup.py): a table in the target's shape (its defaults, CHECKs,
+-- generation expressions and indexes) outside the partition tree, so filling it fires no user trigger; the
+-- CHECK spares the ATTACH its validation scan.
+CREATE TABLE {schema}.{merged} (LIKE {schema}.{table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED
+                                INCLUDING INDEXES INCLUDING STORAGE);
+ALTER TABLE {schema}.{merged} ADD CONSTRAINT batch_range CHECK (_batch_id >= :lower AND _batch_id < :upper);
+
+-- name: hold_partition
+-- Writers of the partition (a replay's removal, a user's UPDATE) wait until the rollup ends; readers do not.
+LOCK TABLE {schema}.{partition} IN SHARE MODE;
+
+-- name: copy_partition
+INSERT INTO {schema}.{merged} ({columns}) SELECT {columns} FROM {schema}.{partition};
+
+-- name: drop_partition
+ALTER TABLE {schema}.{table} DETACH PARTITION {schema}.{partition};
+DROP TABLE {schema}.{partition};
+
+-- name: attach_merged_partition
+-- Metadata only: the CHECK and the indexes built with the table let PostgreSQL skip the scan and the build.
+ALTER TABLE {schema}.{merged} RENAME TO {partition};
+ALTER TABLE {schema}.{table} ATTACH PARTITION {schema}.{partition} FOR VALUES FROM (:lower) TO (:upper);

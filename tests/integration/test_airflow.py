@@ -58,7 +58,7 @@ def test_generated_dags_import_cleanly():
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     assert set(bag.dag_ids) == {"ledgerbatch_orders", "ledgerbatch_payments", "ledgerbatch_backfill",
-                               "ledgerbatch_offsets"}
+                               "ledgerbatch_offsets", "ledgerbatch_history"}
     assert bag.dags["ledgerbatch_payments"].schedule == "*/15 * * * *"
     dag = bag.dags["ledgerbatch_orders"]  # schedule: on_new_data
     (asset,) = dag.timetable.asset_condition.objects

@@ -62,7 +62,7 @@ def test_dagbag_loads_the_good_dags_and_leaves_out_a_bad_schedule_with_its_reaso
 
     # No import error on the shared DAG file: Airflow would mark every DAG of that file stale.
     assert bag.import_errors == {}
-    assert set(bag.dag_ids) == {"ledgerbatch_good", "ledgerbatch_backfill", "ledgerbatch_offsets"}
+    assert set(bag.dag_ids) == {"ledgerbatch_good", "ledgerbatch_backfill", "ledgerbatch_offsets", "ledgerbatch_history"}
     assert bag.dags["ledgerbatch_good"].schedule == "@hourly"
     reasons = _reasons(factory_log)
     assert set(reasons) == {"bad_cron.yaml", "broken.yaml"}, reasons
@@ -80,7 +80,7 @@ def test_build_dags_reports_what_it_left_out(pipelines):
 
     left_out = []
     dags = build_dags(pipelines, left_out)
-    assert set(dags) == {"ledgerbatch_good", "ledgerbatch_backfill", "ledgerbatch_offsets"}
+    assert set(dags) == {"ledgerbatch_good", "ledgerbatch_backfill", "ledgerbatch_offsets", "ledgerbatch_history"}
     assert sorted(item.spec_path.name for item in left_out) == ["bad_cron.yaml", "broken.yaml"]
     assert all(item.reason for item in left_out)
 
@@ -103,7 +103,7 @@ def test_a_dag_that_fails_to_build_is_not_autoregistered(pipelines, monkeypatch)
     DagContext.autoregistered_dags.clear()
     monkeypatch.setattr(DagContext, "current_autoregister_module_name", __name__)  # as while the DagBag imports
     left_out = []
-    assert set(factory.build_dags(pipelines, left_out)) == {"ledgerbatch_backfill", "ledgerbatch_offsets"}
+    assert set(factory.build_dags(pipelines, left_out)) == {"ledgerbatch_backfill", "ledgerbatch_offsets", "ledgerbatch_history"}
     assert "RuntimeError: boom while building" in {item.reason for item in left_out}
     assert not DagContext.autoregistered_dags
 

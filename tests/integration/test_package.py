@@ -91,6 +91,6 @@ def test_the_wheel_installs_into_a_clean_venv_and_works_outside_the_repo(tmp_pat
         "print('APP', bag.dags['ledgerbatch_orders'].get_task('process').application)\n"))
     lines = dict(line.split(" ", 1) for line in parsed.splitlines() if line.startswith(("DAGS ", "APP ")))
     dag_ids, application = lines["DAGS"], lines["APP"]
-    assert dag_ids == "['ledgerbatch_backfill', 'ledgerbatch_offsets', 'ledgerbatch_orders']"
+    assert dag_ids == "['ledgerbatch_backfill', 'ledgerbatch_history', 'ledgerbatch_offsets', 'ledgerbatch_orders']"
     assert application.startswith(str(venv)) and application.endswith("ledgerbatch/_spark_jobs/process_batch.py")
     assert Path(application).is_file()

@@ -60,7 +60,7 @@ def test_design_minimal_spec_is_accepted():
     ({"batch__min_records": 200000}, "batch.min_records must be a positive integer up to batch.max_records (100000)"),
     ({"batch__min_records": 1000}, "batch.min_records needs batch.max_delay (e.g. 5m)"),
     ({"batch__min_records": 1000, "batch__max_delay": "5 minutes"}, "batch.max_delay must be seconds or a duration "
-                                                                   "such as 90s, 5m or 1h, got '5 minutes'"),
+                                                                   "such as 90s, 5m, 1h or 30d, got '5 minutes'"),
     ({"source__start": {"time": "yesterday"}}, "source.start.time: 'yesterday' is not an ISO-8601 time"),
     ({"source__start": {"when": "2026-11-01"}}, "source.start must be earliest, latest or {time: ISO-8601}"),
     ({"errors__min_bad": 2.5}, "errors.min_bad must be a whole number of records, 0 or more, got 2.5"),
@@ -208,3 +208,29 @@ def test_intake_limits_and_start_times():
     plain = parse_spec(MINIMAL)
     assert (plain.max_records_per_partition, plain.max_bytes, plain.min_records, plain.start_time) == (None, None, 1,
                                                                                                       None)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"target__partitions": {"max": 1}}, "target.partitions.max must be an integer of at least 2, got 1"),
+    ({"target__partitions": {"attach_min_rows": 0}}, "target.partitions.attach_min_rows must be an integer of at least 1"),
+    ({"target__partitions": {"most": 3}}, "target.partitions"),
+    ({"target__mode": "upsert", "target__key": ["order_id"], "target__partitions": {"max": 8}},
+     "target.partitions is only used with target.mode append"),
+    ({"history": {"compact_after": "a week"}}, "history.compact_after must be seconds or a duration such as 90s"),
+    ({"history": {"compact_after": 0}}, "history.compact_after must be longer than 0"),
+    ({"history": {"keep": "7d"}}, "history"),
+    ({"errors__quarantine_retention": "30 days"}, "errors.quarantine_retention must be seconds or a duration"),
+])
+def test_bad_history_settings_get_clear_errors(changes, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        parse_spec(spec_with(**changes))
+
+
+def test_history_settings():
+    s = parse_spec(spec_with(target__partitions={"max": 8, "attach_min_rows": 1000}, history={"compact_after": "7d"},
+                             errors__quarantine_retention="30d"))
+    assert (s.max_partitions, s.attach_min_rows, s.compact_after_s, s.quarantine_retention_s) == (8, 1000, 7 * 86400,
+                                                                                                30 * 86400)
+    plain = parse_spec(MINIMAL)
+    assert (plain.max_partitions, plain.attach_min_rows, plain.compact_after_s, plain.quarantine_retention_s) == (
+        None, None, None, None)

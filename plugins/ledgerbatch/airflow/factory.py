@@ -1,5 +1,5 @@
-"""DAG factory: one DAG per pipeline spec (`ledgerbatch_<name>`), and the manual `ledgerbatch_backfill`
-DAG."""
+"""DAG factory: one DAG per pipeline spec (`ledgerbatch_<name>`), the manual `ledgerbatch_backfill` and
+`ledgerbatch_offsets` DAGs, and the daily `ledgerbatch_history` DAG."""
 from __future__ import annotations
 
 import logging
@@ -19,6 +19,7 @@ from ledgerbatch.airflow.operators import (
     PlanReplayOperator,
     ProcessBatchOperator,
     ReviewBatchOperator,
+    UpkeepOperator,
     VerifyOperator,
 )
 from ledgerbatch.airflow.triggers import NewDataTrigger
@@ -248,6 +249,37 @@ def offsets_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
     return dag
 
 
+def history_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
+    """`ledgerbatch_history`: daily, each pipeline's upkeep as its spec asks (ops/history.py); by hand, a
+    compaction or quarantine purge before a time."""
+    with DAG(
+        dag_id="ledgerbatch_history",
+        schedule="@daily",
+        start_date=START,
+        catchup=False,
+        default_args={**DEFAULT_ARGS, "retries": 1},
+        tags=["ledgerbatch", "history"],
+        auto_register=False,
+        doc_md="Keep history bounded. For every pipeline, as its spec asks: fold batches older than "
+               "`history.compact_after` into the ledger's checkpoints (`ledgerbatch compact`), drop quarantined "
+               "records older than `errors.quarantine_retention` (`ledgerbatch quarantine purge`), and merge an "
+               "append target's partitions down to `target.partitions.max`. Triggered by hand, `compact_before` "
+               "and `purge_before` (ISO-8601 or an age such as 30d) compact or purge every pipeline before that "
+               "time. No run depends on an earlier one.",
+        params={
+            "compact_before": Param(None, type=["null", "string"], title="Compact before",
+                                    description="ISO-8601 or an age such as 30d; empty: as the specs ask."),
+            "purge_before": Param(None, type=["null", "string"], title="Purge quarantine before",
+                                  description="ISO-8601 or an age such as 90d; empty: as the specs ask."),
+        },
+    ) as dag:
+        for spec in specs:
+            UpkeepOperator(task_id=f"upkeep_{spec.name}", pipeline=spec.name, pipelines_dir=str(directory),
+                           compact_before="{{ params.compact_before }}", purge_before="{{ params.purge_before }}",
+                           doc_md=f"Upkeep of pipeline {spec.name}.")
+    return dag
+
+
 def build_dags(directory: Path | None = None, left_out: list[LeftOut] | None = None) -> dict[str, DAG]:
     """`ledgerbatch_<name>` for every spec of `directory` (default: pipelines_dir()), and `ledgerbatch_backfill`.
 
@@ -266,4 +298,5 @@ def build_dags(directory: Path | None = None, left_out: list[LeftOut] | None = N
             _leave_out(left_out, LeftOut(directory / f"{spec.name}.yaml", f"{type(exc).__name__}: {exc}"))
     dags["ledgerbatch_backfill"] = backfill_dag(built, directory, left_out)
     dags["ledgerbatch_offsets"] = offsets_dag(built, directory)
+    dags["ledgerbatch_history"] = history_dag(built, directory)
     return dags

@@ -417,6 +417,35 @@ def asset_extra(spec: PipelineSpec, batch) -> dict:
     }
 
 
+class UpkeepOperator(LedgerbatchBaseOperator):
+    """Keep a pipeline's history bounded (ops/history.py): what its spec asks for (history.compact_after,
+    errors.quarantine_retention, the partition bound), and with `compact_before` / `purge_before` (ISO-8601
+    or an age such as 30d; templated, empty: none) a compaction or purge asked for by hand. Returns counts."""
+
+    template_fields = (*LedgerbatchBaseOperator.template_fields, "compact_before", "purge_before")
+
+    def __init__(self, *, compact_before: str | None = None, purge_before: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.compact_before, self.purge_before = compact_before, purge_before
+
+    def execute(self, context) -> dict:
+        from ledgerbatch.model.times import before_time
+        from ledgerbatch.ops.history import compact, purge_quarantine, upkeep
+
+        engine, spec = self._engine_and_spec()
+        counts = {"batches_compacted": 0, "quarantine_purged": 0}
+        if self.compact_before and self.compact_before != "None":
+            counts["batches_compacted"] += compact(engine, spec, before_time(self.compact_before)).batches
+        if self.purge_before and self.purge_before != "None":
+            counts["quarantine_purged"] += purge_quarantine(engine, spec, before_time(self.purge_before))
+        done = upkeep(engine, spec)
+        counts["batches_compacted"] += done.compacted.batches if done.compacted else 0
+        counts["quarantine_purged"] += done.purged or 0
+        counts["partition_rollups"] = len(done.rollups)
+        self.log.info("%s: %s", spec.name, ", ".join(f"{k} {v}" for k, v in counts.items()))
+        return counts
+
+
 class VerifyOperator(LedgerbatchBaseOperator):
     """`ledgerbatch verify`: fails (without retrying) naming each violated invariant."""
 

@@ -49,8 +49,9 @@ def range_kind(conn: Connection, pipeline: str, r: OffsetRange) -> BatchKind:
               "from_offset": r.from_offset, "until_offset": r.until_offset}
     cursor = run(conn, "cursor_of", params).first()
     overlap = run(conn, "delivered_overlap", params).scalar_one()
+    horizon = run(conn, "replay_horizon", params).scalar()
     try:
-        return classify(overlap, r.span, r.until_offset, cursor.start_offset if cursor else None)
+        return classify(overlap, r.span, r.until_offset, cursor.start_offset if cursor else None, r.from_offset, horizon)
     except RangeRefused as exc:
         raise RangeRefused(f"{r}: {exc}") from None
 

@@ -18,6 +18,11 @@ def recent_batches(conn: Connection, pipeline: str, limit: int) -> list:
     return run(conn, "status_batches", {"pipeline": pipeline, "limit": limit}).all()
 
 
+def history(conn: Connection, pipeline: str):
+    """What compaction and quarantine retention folded (None: nothing yet)."""
+    return run(conn, "status_history", {"pipeline": pipeline}).first()
+
+
 def last_batch_error(conn: Connection, pipeline: str):
     return run(conn, "status_last_error", {"pipeline": pipeline}).first()
 

@@ -27,12 +27,19 @@ class RangeRefused(LedgerbatchError):
     """A range that may be neither replayed nor backfilled."""
 
 
-def classify(overlap: int, span: int, until_offset: int, start_offset: int | None) -> BatchKind:
+def classify(overlap: int, span: int, until_offset: int, start_offset: int | None, from_offset: int = 0,
+             horizon: int | None = None) -> BatchKind:
     """REPLAY when committed batches delivered all of the range, BACKFILL when it lies wholly before
-    the pipeline's start and nothing delivered it; anything else would duplicate or skip (pure)."""
+    the pipeline's start and nothing delivered it; anything else would duplicate or skip (pure). A replay
+    starting before the partition's replay `horizon` (ledger compaction) is refused."""
     if start_offset is None:
         raise RangeRefused("the pipeline has not started on this partition: run it first")
     if overlap == span:
+        if horizon is not None and from_offset < horizon:
+            raise RangeRefused(f"offsets before {horizon} were compacted (ledgerbatch compact) together with what "
+                               f"lets a replay replace them (the deletes of a change pipeline, or an aggregate's "
+                               f"per-batch contributions), so a replay there could bring back deleted keys or count "
+                               f"records twice; the replay horizon is {horizon}: replay from {horizon} on")
         return BatchKind.REPLAY
     if overlap == 0 and until_offset <= start_offset:
         return BatchKind.BACKFILL

@@ -11,7 +11,8 @@ are read again whole, and the groups their records make must be their contributi
 (`verify` checks the target against the contributions). Offsets Kafka no longer holds, or deletes while
 they are read, are reported as not checkable, never as passed. Ranges of a partition that do not touch
 are read in reads of their own (model/deep_reads.py). Spark streams the ranges, so memory does not grow
-with them.
+with them. History that was compacted, or whose bad records were purged, is no longer held record by record:
+`verify` proves it by tiling and counts, and --deep reads the batches after it (`DeepReport.detailed_from`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from ledgerbatch.commit.modes.upsert import deletes_table, match_key
 from ledgerbatch.errors import DataLossError, LedgerbatchError
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import get_batch, mark_abandoned
+from ledgerbatch.ledger.compaction import detailed_from
 from ledgerbatch.ledger.sql import run
 from ledgerbatch.model.deep_reads import held, layers, merged, read_of
 from ledgerbatch.model.ranges import OffsetRange, range_arrays
@@ -49,16 +51,19 @@ class DeepReport:
     ranges: list[OffsetRange] = field(default_factory=list)
     not_checkable: list[OffsetRange] = field(default_factory=list)  # no longer in Kafka
     problems: list[str] = field(default_factory=list)
+    detailed_from: int = 0  # batches before this id were compacted or had bad records purged: not read
 
 
 def deep_verify(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str, spark_factory,
                 since: int = 0, sample: float = 1.0) -> DeepReport:
     if not 0 < sample <= 1:
         raise LedgerbatchError(f"--sample must be a fraction above 0 and at most 1, got {sample}")
-    chosen = chosen_ranges(engine, spec, since, sample)
+    with engine.connect() as conn:
+        detailed = detailed_from(conn, spec.name)
+    chosen = chosen_ranges(engine, spec, max(since, detailed), sample)
     topics = tuple(sorted({r.topic for _, r in chosen})) or spec.topics
     watermarks = partial(kafka.watermarks, bootstrap_servers, topics, dict(spec.kafka_options))
-    report = DeepReport()
+    report = DeepReport(detailed_from=detailed)
     entries, lost = held(chosen, watermarks())
     for layer in layers(entries):
         while layer:

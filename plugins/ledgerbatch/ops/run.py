@@ -6,6 +6,9 @@ warm), plans again every `follow_idle_s` seconds until `stop` is set, and waits 
 outages (ops/outages.py). Fencing is unchanged: every batch still goes through the ledger's attempts
 and cursor CAS.
 
+Between batches it keeps history bounded as the spec asks (ops/history.py: compaction, quarantine
+retention, partition rollup): when it starts, then every `upkeep_every_s` seconds.
+
 `run_replay`: what the backfill DAG does, in one process.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.faults import crash_point
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.ops.events import phase_event
+from ledgerbatch.ops.history import Upkeeper
 from ledgerbatch.ops.lineage import Emitter
 from ledgerbatch.ops.metrics import metrics, record_lag
 from ledgerbatch.ops.outages import Backoff, OutageRider, waitable
@@ -40,6 +44,7 @@ from ledgerbatch.stage.warm_up import warm_up
 
 log = logging.getLogger(__name__)
 LAG_EVERY_S = 5.0  # how often a following run measures its lag for the metrics (it reads Kafka)
+UPKEEP_EVERY_S = 60.0  # how often a following run compacts, purges and rolls up, as its spec asks
 
 
 @dataclass
@@ -55,11 +60,13 @@ class RunSummary:
 
 def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
                  spark_factory: Callable, max_batches: int | None = None, follow_idle_s: float | None = None,
-                 stop: threading.Event | None = None, backoff: Backoff = Backoff()) -> RunSummary:
+                 stop: threading.Event | None = None, backoff: Backoff = Backoff(),
+                 upkeep_every_s: float = UPKEEP_EVERY_S) -> RunSummary:
     summary, started, spark, idle, lag_at = RunSummary(), time.monotonic(), None, False, 0.0
     stop = stop or threading.Event()
     counted = partial(metrics().failures, spec.name)
     lineage = Emitter(spec, db_url, bootstrap_servers)
+    upkeep = Upkeeper(engine, spec, upkeep_every_s)
     # A follower waits out its dependencies' outages (ops/outages.py); a bounded run stops at the first.
     rider = OutageRider(spec.name, stop, backoff, metrics().outage) if follow_idle_s is not None else None
     faults.arm()
@@ -70,6 +77,7 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
         log.info("%s: Spark is up and its workers warm (%.1fs); following", spec.name, warm.seconds)
     while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
         try:
+            upkeep()
             if time.monotonic() - lag_at >= LAG_EVERY_S:
                 record_lag(engine, spec, bootstrap_servers)
                 lag_at = time.monotonic()

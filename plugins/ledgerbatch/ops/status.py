@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.errors import ConfigError
-from ledgerbatch.ledger.inspection import last_batch_error, partition_status, recent_batches
+from ledgerbatch.ledger.inspection import history, last_batch_error, partition_status, recent_batches
 from ledgerbatch.ledger.pauses import current_pause
 from ledgerbatch.source import kafka
 
@@ -29,6 +29,7 @@ def pipeline_status(engine: Engine, pipeline: str, topics: tuple[str, ...], boot
         batches = recent_batches(conn, pipeline, recent)
         last_error = last_batch_error(conn, pipeline)
         pause = current_pause(conn, pipeline)
+        folded = history(conn, pipeline)
     partitions = []
     for r in rows:
         wm = live.get((r.topic, r.partition))
@@ -44,8 +45,16 @@ def pipeline_status(engine: Engine, pipeline: str, topics: tuple[str, ...], boot
         "total_lag": sum(known) if partitions and len(known) == len(partitions) else None,
         "partitions": partitions,
         "last_error": dict(last_error._mapping) if last_error else None,
+        "history": _history(folded) if folded else None,
         "recent_batches": [dict(b._mapping) for b in batches],
     }
+
+
+def _history(row) -> dict:
+    return {"batches_compacted": row.batches, "compacted_through_batch": row.through_batch_id,
+            "compacted_at": row.compacted_at.isoformat() if row.batches else None,
+            "deletes_forgotten": row.deletes_folded, "quarantine_purged": row.quarantine_purged,
+            "purged_at": row.purged_at.isoformat() if row.purged_at else None, "replay_horizons": row.horizons}
 
 
 def _partition(r, log_start: int | None, end: int | None) -> dict:
@@ -96,6 +105,14 @@ def render(status: dict) -> str:
     err = status["last_error"]
     lines.append(f"  last error: batch #{err['batch_id']} ({err['kind']}, {err['status']}, {_age(err['age_s'])} ago): "
                  f"{err['error']}" if err else "  last error: none")
+    if status["history"]:
+        h = status["history"]
+        lines.append(f"  history: {h['batches_compacted']} batches compacted"
+                     + (f" (through #{h['compacted_through_batch']}, last {h['compacted_at'][:19].replace('T', ' ')})"
+                        if h["compacted_at"] else "")
+                     + (f", {h['deletes_forgotten']} deletes forgotten" if h["deletes_forgotten"] else "")
+                     + f", {h['quarantine_purged']} quarantined records purged"
+                     + (f"; replays start at or after {h['replay_horizons']}" if h["replay_horizons"] else ""))
     lines.append("  recent batches:")
     for b in status["recent_batches"]:
         phases = "".join(f", {label} {b[key]:.1f}s" for label, key in

@@ -18,12 +18,13 @@ from ledgerbatch.identifiers import check_ident, qualified
 from ledgerbatch.model.times import epoch_ms
 
 ON_NEW_DATA = "on_new_data"
-_TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description"}
+_TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description", "history"}
 _SECTION_KEYS = {
     "source": {"topics", "format", "converter", "schema", "start", "kafka", "metadata", "schema_registry"},
-    "target": {"table", "mode", "key", "evolve", "measures", "deletes", "version"},
+    "target": {"table", "mode", "key", "evolve", "measures", "deletes", "version", "partitions"},
     "batch": {"max_records", "max_records_per_partition", "max_bytes", "min_records", "max_delay"},
-    "errors": {"policy", "max_ratio", "min_bad", "on_reject"},
+    "errors": {"policy", "max_ratio", "min_bad", "on_reject", "quarantine_retention"},
+    "history": {"compact_after"},
 }
 CONVERTERS = ("json", "avro")  # format debezium: Kafka Connect's JsonConverter (default) or Confluent's AvroConverter
 # format debezium: `target.version` may name a position in the change event's envelope, kept as this column.
@@ -65,6 +66,10 @@ class PipelineSpec:
     evolve: str = "none"  # none | additive: columns new to the spec are added to the target at commit
     deletes: bool = False  # upsert: a tombstone with a key deletes the key's row (always so for format debezium)
     version_by: str | None = None  # upsert: the column whose higher value wins (commit/modes/versioned.py)
+    max_partitions: int | None = None  # append: partitions kept (None: partitions.MAX_PARTITIONS); rollup.py
+    attach_min_rows: int | None = None  # append: a batch this big becomes a partition (None: ATTACH_MIN_ROWS)
+    compact_after_s: float | None = None  # history.compact_after: `run --follow` compacts batches this old
+    quarantine_retention_s: float | None = None  # errors.quarantine_retention: bad records kept this long
     text: str = ""  # the spec's canonical text (its YAML document as sorted JSON): what `version` hashes
 
     @property
@@ -252,6 +257,10 @@ def parse_spec(doc: object) -> PipelineSpec:
         raise SpecError(f"errors.min_bad must be a whole number of records, 0 or more, got {min_bad!r}")
     evolve = _choice(target.get("evolve", "additive" if fmt in REGISTRY_FORMATS else "none"), "target.evolve",
                      ("none", "additive"))
+    max_partitions, attach_min_rows = _partitions(target.get("partitions"), mode)
+    history = _mapping(top.get("history", {}), "history", _SECTION_KEYS["history"])
+    compact_after_s = _positive_duration(history.get("compact_after"), "history.compact_after")
+    retention_s = _positive_duration(errors.get("quarantine_retention"), "errors.quarantine_retention")
     schedule = top.get("schedule")
     if schedule is not None and not isinstance(schedule, str):
         raise SpecError("schedule must be a cron expression or an Airflow preset such as '@hourly'")
@@ -286,6 +295,10 @@ def parse_spec(doc: object) -> PipelineSpec:
         evolve=evolve,
         deletes=deletes,
         version_by=version_by,
+        max_partitions=max_partitions,
+        attach_min_rows=attach_min_rows,
+        compact_after_s=compact_after_s,
+        quarantine_retention_s=retention_s,
         text=canonical_text(doc),
     )
 
@@ -321,13 +334,38 @@ def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str],
 
 
 def _seconds(value: object, what: str) -> float:
-    """A duration: seconds as a number, or a string such as 90s, 5m or 1h."""
-    units = {"s": 1, "m": 60, "h": 3600}
+    """A duration: seconds as a number, or a string such as 90s, 5m, 1h or 30d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         return float(value)
-    if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?[smh]", value.strip()):
+    if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?[smhd]", value.strip()):
         return float(value.strip()[:-1]) * units[value.strip()[-1]]
-    raise SpecError(f"{what} must be seconds or a duration such as 90s, 5m or 1h, got {value!r}")
+    raise SpecError(f"{what} must be seconds or a duration such as 90s, 5m, 1h or 30d, got {value!r}")
+
+
+def _positive_duration(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    seconds = _seconds(value, what)
+    if seconds <= 0:
+        raise SpecError(f"{what} must be longer than 0, got {value!r}")
+    return seconds
+
+
+def _partitions(value: object, mode: str) -> tuple[int | None, int | None]:
+    """`target.partitions`: {max: partitions kept, at least 2; attach_min_rows: a batch this big is attached}."""
+    if value is None:
+        return None, None
+    if mode != "append":
+        raise SpecError(f"target.partitions is only used with target.mode append (its targets are partitioned by "
+                        f"batch); target.mode is {mode}")
+    section = _mapping(value, "target.partitions", {"max", "attach_min_rows"})
+    limits = {"max": 2, "attach_min_rows": 1}
+    for key, least in limits.items():
+        n = section.get(key)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < least):
+            raise SpecError(f"target.partitions.{key} must be an integer of at least {least}, got {n!r}")
+    return section.get("max"), section.get("attach_min_rows")
 
 
 def _bytes(value: object, what: str) -> int:

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ledgerbatch.commit.modes.base import TargetMode, prefixed, target_names
-from ledgerbatch.commit.target import evolve_target
+from ledgerbatch.commit.target import evolve_target, table_exists
 from ledgerbatch.errors import FencedError
 from ledgerbatch.formats.schema import BATCH_ID
 from ledgerbatch.identifiers import quote_ident
@@ -68,6 +68,16 @@ class Aggregate(TargetMode):
         superseded = {"superseded": self.superseded(conn, spec, batch)}
         return conn.execute(text(query("aggregate_diff", measures_agg=measures_merged(spec), differs=measures_differ(spec),
                                        **self._names(spec, batch))), superseded).one()
+
+    def fold_history(self, conn: Connection, spec: PipelineSpec, through: int) -> tuple[int, bool]:
+        """The folded batches' contributions merge into one per group: a replay can no longer take one batch's
+        out, so replays of their offsets are refused from here on (the replay horizon)."""
+        if table_exists(conn, "ledger_aggregates", contributions_table(spec)):
+            columns = [*spec.key, *(m for m, _ in spec.measures)]  # a query's output: its key and measures
+            conn.execute(text(query("fold_contributions", key=list(spec.key), columns=columns,
+                                    measures_agg=measures_merged(spec), contributions=contributions_table(spec))),
+                         {"through": through})
+        return 0, True
 
     def violations(self, conn: Connection, spec: PipelineSpec) -> list[str]:
         return aggregate_violations(conn, spec.name, target_names(spec), contributions_table(spec),

@@ -45,7 +45,7 @@ class Append(TargetMode):
         plan = None  # a target created before targets were partitioned only takes copies
         if layout.partitioned:
             existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
-            plan = plan_publish(batch_id, batch.rows_written, existing, partitions.ATTACH_MIN_ROWS,
+            plan = plan_publish(batch_id, batch.rows_written, existing, spec.attach_min_rows or partitions.ATTACH_MIN_ROWS,
                                 newest_committed_batch(conn, spec.name))
         if plan is None or not plan.attach:
             conn.execute(text(query("insert_append", staging=rows or staging, columns=column_names(spec), **target)))

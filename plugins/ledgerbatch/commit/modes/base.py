@@ -39,6 +39,12 @@ class TargetMode(ABC):
         of the staged rows to publish instead (commit/rejects.py probes runs of rows); what a replay removes
         is still decided by the whole batch."""
 
+    def fold_history(self, conn: Connection, spec: PipelineSpec, through: int) -> tuple[int, bool]:
+        """Ledger compaction (ledger/compaction.py) folds the pipeline's batches up to `through`: fold what this
+        mode keeps per batch beside the target. Returns (deletes forgotten, whether replays of the folded
+        offsets must now be refused: the replay horizon)."""
+        return 0, False
+
     def unit_order(self, spec: PipelineSpec) -> str:
         """The order in which rows are judged (commit/rejects.py): by coordinates, so that of two records a
         rule sets against each other (a unique index across two keys) the later one is refused, as if they

@@ -4,12 +4,18 @@ Partitions cover runs of batch ids: `[from, to)`, the newest `[from, MAXVALUE)` 
 batch becomes a partition of its own: its staging table is attached as is (metadata only), and the
 open partition before it is closed at its id. A small batch is copied into the partition that covers
 its id, so partitions grow with big batches only, not with every batch.
+
+Their number stays bounded (`target.partitions.max`): when there are more, a run of adjacent closed
+partitions of like sizes merges into one (plan_rollup; rollup.py does it), so old rows are copied about
+log2(batches) times in all and a query plans against a bounded number of partitions however many batches
+there were.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 ATTACH_MIN_ROWS = 50_000  # below this, copying the rows costs less than another partition
+MAX_PARTITIONS = 24  # planning a query over 24 partitions takes about 0.5 ms (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
@@ -17,6 +23,7 @@ class Partition:
     name: str
     lower: int
     upper: int | None  # None: MAXVALUE (the open partition)
+    size: int = 0  # bytes
 
     def covers(self, batch_id: int) -> bool:
         return self.lower <= batch_id and (self.upper is None or batch_id < self.upper)
@@ -44,3 +51,22 @@ def plan_publish(batch_id: int, rows: int, partitions: list[Partition], min_rows
             and (newest_committed is None or newest_committed < batch_id)):
         return Publish(attach=True, close=covering)
     return Publish(attach=False)
+
+
+def plan_rollup(partitions: list[Partition], max_partitions: int) -> list[Partition]:
+    """The adjacent closed partitions to merge into one so that `max_partitions` remain (none: within
+    bounds; the open partition never merges). Of the runs of the length needed, the one whose merge copies
+    the fewest bytes, weighted by how unequal its partitions are: merging like sizes (as a binary counter
+    carries) copies each row about log2(batches) times in all, where always merging the smallest run would
+    copy a growing tail partition again for every batch (tests/unit/test_partitions.py)."""
+    ordered = sorted(partitions, key=lambda p: p.lower)
+    closed = [p for p in ordered if p.upper is not None]
+    need = min(len(ordered) - max_partitions + 1, len(closed))
+    if need < 2:
+        return []
+    runs = [closed[i:i + need] for i in range(len(closed) - need + 1)]
+
+    def cost(run: list[Partition]) -> float:
+        sizes = [max(p.size, 1) for p in run]
+        return sum(sizes) * max(sizes) / min(sizes)
+    return min(runs, key=lambda run: (cost(run), run[0].lower))

@@ -71,6 +71,14 @@ class Upsert(TargetMode):
         conn.execute(text(query("drop_last_changes")))
         return diff
 
+    def fold_history(self, conn: Connection, spec: PipelineSpec, through: int) -> tuple[int, bool]:
+        """A change pipeline forgets the deletes of folded batches: a replay of their offsets could then
+        bring a deleted key back, so it is refused from here on (the replay horizon)."""
+        if not spec.changes or not table_exists(conn, "ledger_deletes", deletes_table(spec)):
+            return 0, spec.changes
+        forgotten = conn.execute(text(query("fold_deletes", deletes=deletes_table(spec))), {"through": through})
+        return forgotten.rowcount, True
+
     def violations(self, conn: Connection, spec: PipelineSpec) -> list[str]:
         problems = super().violations(conn, spec)
         if spec.changes and table_exists(conn, "ledger_deletes", deletes_table(spec)):

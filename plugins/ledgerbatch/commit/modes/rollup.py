@@ -1,0 +1,89 @@
+"""Keeping an append target's partitions bounded: the smallest run of adjacent closed partitions merges
+into one (partitions.py: plan_rollup) when there are more than `target.partitions.max`.
+
+Online: the rows are copied into a new table beside the target while readers go on (writers of the merged
+partitions wait); then one brief swap detaches them and attaches the copy, under a lock timeout so that a
+long query on the target makes the rollup give way (and try again later) rather than queue readers behind it.
+Commits into the target wait for the rollup (commit/target.py: lock_target)."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
+
+from ledgerbatch.commit.modes.append import partition_name
+from ledgerbatch.commit.modes.base import target_names
+from ledgerbatch.commit.modes.partitions import MAX_PARTITIONS, Partition, plan_rollup
+from ledgerbatch.commit.target import lock_target, table_exists
+from ledgerbatch.identifiers import quote_ident
+from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.sqlfiles import Fragment, query
+
+log = logging.getLogger(__name__)
+SWAP_LOCK_TIMEOUT = "5s"
+
+
+@dataclass(frozen=True)
+class Rollup:
+    merged: tuple[str, ...]  # the partitions that were merged
+    into: str
+    lower: int
+    upper: int
+    partitions: int  # the target's partitions afterwards
+    seconds: float
+
+
+def partitions_of(conn: Connection, spec: PipelineSpec) -> list[Partition]:
+    return [Partition(r.name, r.lower, r.upper, r.size)
+            for r in conn.execute(text(query("target_partitions")), target_names(spec))]
+
+
+def roll_up(engine: Engine, spec: PipelineSpec) -> Rollup | None:
+    """Merge one run of partitions if the target has more than allowed; None when within bounds, not
+    partitioned, or a reader held the target past the swap's lock timeout (logged; the next call tries again)."""
+    started = time.monotonic()
+    try:
+        with engine.begin() as conn:
+            done = _roll_up(conn, spec)
+    except OperationalError as exc:
+        if "lock timeout" not in str(exc.orig):
+            raise
+        log.info("%s: partition rollup gave way to a query holding %s.%s; it tries again later",
+                 spec.name, spec.target_schema, spec.target_table)
+        return None
+    if done is None:
+        return None
+    rollup = Rollup(*done, seconds=time.monotonic() - started)
+    log.info("%s: merged %d partitions of %s.%s into %s (batches [%d, %d)) in %.2fs; %d partitions", spec.name,
+             len(rollup.merged), spec.target_schema, spec.target_table, rollup.into, rollup.lower, rollup.upper,
+             rollup.seconds, rollup.partitions)
+    return rollup
+
+
+def _roll_up(conn: Connection, spec: PipelineSpec):
+    if spec.mode != "append" or not table_exists(conn, spec.target_schema, spec.target_table):
+        return None
+    lock_target(conn, spec)
+    existing = partitions_of(conn, spec)
+    run = plan_rollup(existing, spec.max_partitions or MAX_PARTITIONS)
+    if not run:
+        return None
+    target, lower, upper = target_names(spec), run[0].lower, run[-1].upper
+    merged = f"lb_rollup_{lower}"  # beside the target until it takes the first partition's name
+    conn.execute(text(query("create_merged_partition", merged=merged, **target)), {"lower": lower, "upper": upper})
+    columns = Fragment(", ".join(quote_ident(r.column_name) for r in conn.execute(text(query("table_columns")), target)
+                                 if not r.generated))
+    for p in run:
+        conn.execute(text(query("hold_partition", partition=p.name, **target)))
+        conn.execute(text(query("copy_partition", merged=merged, partition=p.name, columns=columns, **target)))
+    conn.execute(text(query("set_lock_timeout")), {"ms": SWAP_LOCK_TIMEOUT})
+    for p in run:
+        conn.execute(text(query("drop_partition", partition=p.name, **target)))
+    into = partition_name(spec.target_table, lower)
+    conn.execute(text(query("attach_merged_partition", merged=merged, partition=into, **target)),
+                 {"lower": lower, "upper": upper})
+    return tuple(p.name for p in run), into, lower, upper, len(existing) - len(run) + 1

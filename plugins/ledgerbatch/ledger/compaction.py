@@ -1,0 +1,57 @@
+"""Ledger compaction and quarantine retention (sql/queries/ledger_compact.sql; migration 014).
+
+Compaction folds a pipeline's batches that finished before a time into one checkpoint per partition
+(`ledger.checkpoints`: the live offsets `[from, until)` they delivered, the records they read) and one row
+of summed counts (`ledger.compactions`), then deletes them with their ranges. `verify` reads both, so it
+still proves tiling and counts. Quarantine retention deletes old bad records and keeps their count."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.engine import Connection
+
+from ledgerbatch.ledger.sql import run
+
+
+@dataclass(frozen=True)
+class Fold:
+    folded: int  # the pipeline's batches up to this id were folded before
+    through: int  # and now up to this one
+
+    @property
+    def empty(self) -> bool:
+        return self.through <= self.folded
+
+    def params(self, pipeline: str) -> dict:
+        return {"pipeline": pipeline, "folded": self.folded, "through": self.through}
+
+
+def lock_compaction(conn: Connection, pipeline: str) -> None:
+    run(conn, "compaction_lock", {"pipeline": pipeline})
+
+
+def foldable(conn: Connection, pipeline: str, before: datetime) -> Fold:
+    """What may fold now: every batch up to the first one still unfinished, or finished at `before` or later."""
+    folded = run(conn, "folded_through", {"pipeline": pipeline}).scalar_one()
+    through = run(conn, "foldable_through", {"pipeline": pipeline, "folded": folded, "before": before}).scalar_one()
+    return Fold(folded, through)
+
+
+def fold(conn: Connection, pipeline: str, f: Fold, deletes_folded: int, horizon: bool) -> int:
+    """Fold the batches of `f` into the checkpoints and the pipeline's counts and delete them; returns how many
+    batches went. `horizon`: replays of the folded offsets are refused from now on (model/batch.py: classify)."""
+    run(conn, "fold_checkpoints", {**f.params(pipeline), "horizon": horizon})
+    run(conn, "fold_counts", {**f.params(pipeline), "deletes": deletes_folded})
+    return run(conn, "delete_folded", f.params(pipeline)).rowcount
+
+
+def purge_quarantine(conn: Connection, pipeline: str, before: datetime) -> int:
+    """Delete the pipeline's bad records quarantined before `before`, counting them; returns how many."""
+    return run(conn, "purge_quarantine", {"pipeline": pipeline, "before": before}).scalar_one()
+
+
+def detailed_from(conn: Connection, pipeline: str) -> int:
+    """The first batch id whose records `verify --deep` can still compare one by one: below it batches were
+    compacted, or their bad records purged."""
+    return run(conn, "checked_in_detail_from", {"pipeline": pipeline}).scalar_one()

@@ -1,0 +1,107 @@
+-- Ledger compaction and quarantine retention (plugins/ledgerbatch/ledger/compaction.py; migration 014).
+
+-- name: compaction_lock
+-- One compaction of a pipeline at a time (the commit's target lock orders it with commits).
+SELECT pg_advisory_xact_lock(hashtext('ledgerbatch:compact:' || :pipeline));
+
+-- name: foldable_through
+-- The highest batch id up to which every batch of the pipeline finished before :before (committed, or
+-- abandoned), and above what is folded already: a batch still open, failed or newer stops the fold.
+SELECT coalesce(
+    (SELECT min(batch_id) - 1 FROM ledger.batches
+     WHERE pipeline = :pipeline AND batch_id > :folded
+       AND NOT ((status = 'committed' AND committed_at < :before) OR (status = 'abandoned' AND updated_at < :before))),
+    (SELECT max(batch_id) FROM ledger.batches WHERE pipeline = :pipeline AND batch_id > :folded),
+    :folded) AS through;
+
+-- name: folded_through
+SELECT coalesce((SELECT through_batch_id FROM ledger.compactions WHERE pipeline = :pipeline), 0);
+
+-- name: fold_checkpoints
+-- Each partition's committed ranges up to :through join its checkpoint: live ranges extend it (they tile
+-- on from its end), backfills lower backfilled_from. With :horizon, replays must start after it.
+INSERT INTO ledger.checkpoints AS k (pipeline, topic, partition, from_offset, until_offset, backfilled_from,
+                                     records_read, ranges, replay_horizon)
+SELECT r.pipeline, r.topic, r.partition,
+       coalesce(min(r.from_offset) FILTER (WHERE r.kind = 'live'), c.start_offset),
+       coalesce(max(r.until_offset) FILTER (WHERE r.kind = 'live'), c.start_offset),
+       min(r.from_offset) FILTER (WHERE r.kind = 'backfill'),
+       coalesce(sum(r.records_read) FILTER (WHERE r.kind = 'live'), 0),
+       count(*) FILTER (WHERE r.kind = 'live'),
+       CASE WHEN :horizon THEN coalesce(max(r.until_offset) FILTER (WHERE r.kind = 'live'), c.start_offset) END
+FROM ledger.batch_ranges r
+JOIN ledger.cursors c ON c.pipeline = r.pipeline AND c.topic = r.topic AND c.partition = r.partition
+WHERE r.pipeline = :pipeline AND r.batch_id > :folded AND r.batch_id <= :through AND r.committed
+GROUP BY r.pipeline, r.topic, r.partition, c.start_offset
+ON CONFLICT (pipeline, topic, partition) DO UPDATE
+SET until_offset = greatest(k.until_offset, excluded.until_offset),
+    backfilled_from = least(k.backfilled_from, excluded.backfilled_from),
+    records_read = k.records_read + excluded.records_read,
+    ranges = k.ranges + excluded.ranges,
+    replay_horizon = CASE WHEN :horizon THEN greatest(k.until_offset, excluded.until_offset) ELSE k.replay_horizon END,
+    compacted_at = now();
+
+-- name: fold_counts
+-- The folded batches' counts, summed into the pipeline's row: what `verify` adds to the batches it still has.
+INSERT INTO ledger.compactions AS k (pipeline, through_batch_id, batches, records_read, records_filtered,
+                                     replay_delta, rows_written, rows_quarantined, rows_rejected, deletes_folded)
+SELECT :pipeline, :through, count(*),
+       coalesce(sum(records_read) FILTER (WHERE status = 'committed' AND kind IN ('live', 'backfill')), 0),
+       coalesce(sum(records_filtered) FILTER (WHERE status = 'committed' AND kind IN ('live', 'backfill')), 0),
+       coalesce(sum(rows_written + rows_quarantined + rows_rejected - records_replaced)
+                FILTER (WHERE status = 'committed' AND kind = 'replay'), 0),
+       coalesce(sum(rows_written) FILTER (WHERE status = 'committed'), 0),
+       coalesce(sum(rows_quarantined) FILTER (WHERE status = 'committed'), 0),
+       coalesce(sum(rows_rejected) FILTER (WHERE status = 'committed'), 0),
+       :deletes
+FROM ledger.batches WHERE pipeline = :pipeline AND batch_id > :folded AND batch_id <= :through
+ON CONFLICT (pipeline) DO UPDATE
+SET through_batch_id = excluded.through_batch_id, batches = k.batches + excluded.batches,
+    records_read = k.records_read + excluded.records_read,
+    records_filtered = k.records_filtered + excluded.records_filtered,
+    replay_delta = k.replay_delta + excluded.replay_delta, rows_written = k.rows_written + excluded.rows_written,
+    rows_quarantined = k.rows_quarantined + excluded.rows_quarantined,
+    rows_rejected = k.rows_rejected + excluded.rows_rejected,
+    deletes_folded = k.deletes_folded + excluded.deletes_folded, compacted_at = now();
+
+-- name: delete_folded
+-- The folded batches leave the ledger, their ranges and staged reads with them.
+DELETE FROM ledger.staged_reads s USING ledger.batches b
+WHERE s.batch_id = b.batch_id AND b.pipeline = :pipeline AND b.batch_id > :folded AND b.batch_id <= :through;
+DELETE FROM ledger.batch_ranges WHERE pipeline = :pipeline AND batch_id > :folded AND batch_id <= :through;
+DELETE FROM ledger.batches WHERE pipeline = :pipeline AND batch_id > :folded AND batch_id <= :through;
+
+-- name: fold_deletes
+-- Change pipelines: deletes delivered by folded batches are forgotten (the replay horizon keeps replays
+-- from bringing their keys back).
+DELETE FROM ledger_deletes.{deletes} WHERE _batch_id <= :through;
+
+-- name: fold_contributions
+-- Aggregate pipelines: the folded batches' contributions merge into one per group, under :through.
+CREATE TEMPORARY TABLE lb_folded ON COMMIT DROP AS
+SELECT {key}, {measures_agg} FROM ledger_aggregates.{contributions} c WHERE c._batch_id <= :through GROUP BY {key};
+DELETE FROM ledger_aggregates.{contributions} WHERE _batch_id <= :through;
+INSERT INTO ledger_aggregates.{contributions} (_batch_id, {columns}) SELECT :through, {columns} FROM lb_folded;
+DROP TABLE lb_folded;
+
+-- name: purge_quarantine
+-- Quarantine retention: bad records quarantined before :before go, counted in ledger.compactions.
+WITH gone AS (
+    DELETE FROM ledger.quarantine WHERE pipeline = :pipeline AND quarantined_at < :before RETURNING batch_id
+), counted AS (
+    INSERT INTO ledger.compactions AS k (pipeline, through_batch_id, quarantine_purged, purged_at, purged_through)
+    SELECT :pipeline, 0, count(*), now(), coalesce(max(batch_id), 0) FROM gone
+    ON CONFLICT (pipeline) DO UPDATE
+    SET quarantine_purged = k.quarantine_purged + excluded.quarantine_purged, purged_at = excluded.purged_at,
+        purged_through = greatest(k.purged_through, excluded.purged_through)
+)
+SELECT count(*) AS purged FROM gone;
+
+-- name: replay_horizon
+SELECT replay_horizon FROM ledger.checkpoints
+WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition;
+
+-- name: checked_in_detail_from
+-- `verify --deep` reads the batches above this again: those below were compacted or had bad records purged.
+SELECT coalesce((SELECT greatest(through_batch_id, purged_through) + 1 FROM ledger.compactions
+                 WHERE pipeline = :pipeline), 0);
