@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --follow: the first wait after a dependency went away, doubling (default 1)")
     run.add_argument("--backoff-max", type=_positive_float, default=60.0, metavar="S",
                      help="with --follow: the longest wait between tries while a dependency is away (default 60)")
+    run.add_argument("--upkeep-seconds", type=_positive_float, default=60.0, metavar="S",
+                     help="with --follow: compact, purge and roll up as the spec asks every S seconds (default 60)")
     run.add_argument("--metrics-port", type=_positive, metavar="N",
                      help="serve the metrics for Prometheus on http://HOST:N/metrics while it runs (docs/observability.md)")
     run.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
@@ -264,7 +266,8 @@ def cmd_run(args, settings: Settings) -> None:
         serve_prometheus(args.metrics_port, args.metrics_host)
     summary = run_pipeline(engine, spec, settings.db_url, bootstrap, spark_factory,
                            max_batches=args.max_batches, follow_idle_s=args.idle_seconds if args.follow else None,
-                           stop=stop, backoff=Backoff(args.backoff_initial, args.backoff_max))
+                           stop=stop, backoff=Backoff(args.backoff_initial, args.backoff_max),
+                           upkeep_every_s=args.upkeep_seconds)
     rate = summary.records_read / summary.seconds if summary.seconds else 0
     print(f"{spec.name}: {summary.batches} batches committed, {summary.records_read} records read, "
           f"{summary.rows_written} rows written, {summary.rows_quarantined} quarantined"
@@ -419,16 +422,14 @@ def cmd_resume(args, settings: Settings) -> None:
 
 
 def cmd_compact(args, settings: Settings) -> None:
-    from ledgerbatch.commit.modes.rollup import roll_up
+    from ledgerbatch.commit.modes.rollup import bound_partitions
     from ledgerbatch.model.times import before_time
     from ledgerbatch.ops.history import compact
 
     spec, before = _spec(settings, args.pipeline), before_time(args.before)
     engine = _engine(settings)
     done = compact(engine, spec, before)
-    merged = 0
-    while roll_up(engine, spec) is not None:
-        merged += 1
+    merged = len(bound_partitions(engine, spec))
     print(f"{spec.name}: {done.batches} batches compacted (every batch through {done.through} is in the "
           f"checkpoints)" + (f", {done.deletes} deletes forgotten" if done.deletes else "")
           + ("; replays of the compacted offsets are refused from now on (ledger.checkpoints.replay_horizon)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -58,17 +59,16 @@ def test_append_history_stays_bounded_and_verify_still_proves_it(engine, db_url,
     bad = {7, 45}  # record indexes that are not JSON: quarantined
     acked = produce(broker.bootstrap_servers, p.topic,
                     [(i % 2, b"not json" if i in bad else order(i)) for i in range(200)])
-    assert run(engine, db_url, broker, spark, p).batches == 10
-    with engine.connect() as conn:
-        assert len(partitions_of(conn, p.spec)) == 10  # every batch attached as a partition
-    before = ledger_rows(engine, p)
-
-    done = upkeep(engine, p.spec)  # the spec asks for no compaction: only the partition bound
-    assert done.compacted is None and [len(r.merged) for r in done.rollups] == [7]
+    summary = run(engine, db_url, broker, spark, p)  # every batch attached as a partition, then rolled up
+    assert summary.batches == 10
     with engine.connect() as conn:
         bounds = sorted((q.lower, q.upper) for q in partitions_of(conn, p.spec))
-    assert len(bounds) == 4 and bounds[-1][1] is None
+    assert len(bounds) == 4 and bounds[-1] == (summary.batch_ids[-1], None)
+    assert bounds[0][0] == summary.batch_ids[0]
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))  # still one run of batch ids, no gap
+    before = ledger_rows(engine, p)
+    done = upkeep(engine, p.spec)  # the spec asks for no compaction, and the bound holds
+    assert (done.compacted, done.purged, done.rollups) == (None, None, ())
 
     result = compact(engine, p.spec, datetime.now(timezone.utc) + LATER)
     assert (result.batches, result.horizon) == (10, False)
@@ -240,17 +240,18 @@ def test_compaction_drops_staging_tables_a_crash_left(engine, db_url, broker, sp
 
 
 def test_a_rollup_gives_way_to_a_long_query_and_merges_later(engine, db_url, broker, spark, make_pipeline):
-    p = make_pipeline(partitions=1, batch__max_records=10, target__partitions={"max": 2, "attach_min_rows": 1})
+    p = make_pipeline(partitions=1, batch__max_records=10, target__partitions={"max": 8, "attach_min_rows": 1})
     produce(broker.bootstrap_servers, p.topic, [(0, order(i)) for i in range(30)])
     run(engine, db_url, broker, spark, p)
+    tighter = replace(p.spec, max_partitions=2)  # the bound lowered after three partitions were made
     reader = engine.connect()
     reader.execute(text(f'SELECT count(*) FROM public."{p.table}"'))  # holds the target until it ends
     try:
-        assert roll_up(engine, p.spec) is None
+        assert roll_up(engine, tighter) is None
     finally:
         reader.rollback()
         reader.close()
-    assert roll_up(engine, p.spec) is not None
+    assert roll_up(engine, tighter) is not None
     with engine.connect() as conn:
         assert len(partitions_of(conn, p.spec)) == 2
     assert len(target(engine, p)) == 30 and verify(engine, p.spec) == []

@@ -1,4 +1,4 @@
-from ledgerbatch.commit.modes.partitions import Partition, Publish, plan_publish, plan_rollup
+from ledgerbatch.commit.modes.partitions import MAX_MERGE, Partition, Publish, plan_publish, plan_rollup
 
 
 def test_first_batch_becomes_the_open_partition_whatever_its_size():
@@ -49,6 +49,10 @@ def test_one_over_the_bound_merges_the_cheapest_adjacent_pair_of_like_sizes():
 def test_far_over_the_bound_merges_one_run_down_to_it():
     merged = plan_rollup(sized(*[1] * 9), max_partitions=4)
     assert [p.name for p in merged] == ["p0", "p1", "p2", "p3", "p4", "p5", "p6"]
+
+
+def test_far_over_the_bound_merges_at_most_max_merge_at_a_time():
+    assert len(plan_rollup(sized(*[1] * 500), max_partitions=24)) == MAX_MERGE
 
 
 def test_the_open_partition_never_merges():

@@ -358,6 +358,7 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
 
     def execute(self, context) -> dict:
         from ledgerbatch.commit.diff import dry_run_diff
+        from ledgerbatch.commit.modes.rollup import bound_partitions
         from ledgerbatch.commit.transaction import commit_batch
 
         engine, spec = self._engine_and_spec()
@@ -368,6 +369,7 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
             return {"dry_run": True, **diff.__dict__}
         started = time.monotonic()
         result = commit_batch(engine, spec, int(self.batch_id))
+        bound_partitions(engine, spec)  # as `run` does after each commit (commit/modes/rollup.py)
         record_lag(engine, spec, self.kafka_hook.get_bootstrap_servers(), in_airflow=True)
         self._rows_written = result.rows_written
         self._phase_event("commit", int(self.batch_id), started, rows_written=result.rows_written,

@@ -1,6 +1,7 @@
 """Bounded history: `ledgerbatch compact`, `ledgerbatch quarantine purge`, and the upkeep a pipeline's spec
 asks for (`history.compact_after`, `errors.quarantine_retention`, an append target's partition bound),
-which `run` does after its batches and the `ledgerbatch_history` DAG does daily.
+which `run` does when it starts and then every minute and the `ledgerbatch_history` DAG does daily. (The
+partition bound is also kept after every commit: commit/modes/rollup.py, bound_partitions.)
 
 Compaction and the rollup take the target's commit lock (commit/target.py: lock_target): commits into the
 target wait for them, readers of the target and the ledger do not."""
@@ -14,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.commit.modes.catalog import mode_for
-from ledgerbatch.commit.modes.rollup import Rollup, roll_up
+from ledgerbatch.commit.modes.rollup import Rollup, bound_partitions
 from ledgerbatch.commit.target import lock_target
 from ledgerbatch.ledger import compaction
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -75,10 +76,7 @@ def upkeep(engine: Engine, spec: PipelineSpec, now: datetime | None = None) -> U
                  if spec.compact_after_s is not None else None)
     purged = (purge_quarantine(engine, spec, now - timedelta(seconds=spec.quarantine_retention_s))
               if spec.quarantine_retention_s is not None else None)
-    rollups = []
-    while (rollup := roll_up(engine, spec)) is not None:
-        rollups.append(rollup)
-    return Upkeep(compacted, purged, tuple(rollups))
+    return Upkeep(compacted, purged, tuple(bound_partitions(engine, spec)))
 
 
 class Upkeeper:

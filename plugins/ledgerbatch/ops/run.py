@@ -7,7 +7,8 @@ outages (ops/outages.py). Fencing is unchanged: every batch still goes through t
 and cursor CAS.
 
 Between batches it keeps history bounded as the spec asks (ops/history.py: compaction, quarantine
-retention, partition rollup): when it starts, then every `upkeep_every_s` seconds.
+retention): when it starts, then every `upkeep_every_s` seconds; and an append target's partitions within
+their bound after every commit (commit/modes/rollup.py).
 
 `run_replay`: what the backfill DAG does, in one process.
 """
@@ -25,6 +26,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from ledgerbatch import faults
 from ledgerbatch.commit.diff import Diff, dry_run_diff
+from ledgerbatch.commit.modes.rollup import bound_partitions
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.faults import crash_point
@@ -124,6 +126,7 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
                             result.rows_quarantined, committed_now=not result.already_committed,
                             rows_rejected=result.rows_rejected)
                 lineage.emit("COMPLETE", batch, result.rows_written)
+            bound_partitions(engine, spec)  # a batch attached as a partition may put the target over its bound
         except Exception as exc:
             dependency = waitable(exc) if rider is not None else None
             if dependency is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 ATTACH_MIN_ROWS = 50_000  # below this, copying the rows costs less than another partition
 MAX_PARTITIONS = 24  # planning a query over 24 partitions takes about 0.5 ms (docs/benchmarks.md)
+MAX_MERGE = 64  # partitions merged in one transaction, which locks each until it commits
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,13 @@ def plan_publish(batch_id: int, rows: int, partitions: list[Partition], min_rows
 
 def plan_rollup(partitions: list[Partition], max_partitions: int) -> list[Partition]:
     """The adjacent closed partitions to merge into one so that `max_partitions` remain (none: within
-    bounds; the open partition never merges). Of the runs of the length needed, the one whose merge copies
+    bounds; the open partition never merges; far over it, at most MAX_MERGE at a time). Of the runs of the length needed, the one whose merge copies
     the fewest bytes, weighted by how unequal its partitions are: merging like sizes (as a binary counter
     carries) copies each row about log2(batches) times in all, where always merging the smallest run would
     copy a growing tail partition again for every batch (tests/unit/test_partitions.py)."""
     ordered = sorted(partitions, key=lambda p: p.lower)
     closed = [p for p in ordered if p.upper is not None]
-    need = min(len(ordered) - max_partitions + 1, len(closed))
+    need = min(len(ordered) - max_partitions + 1, len(closed), MAX_MERGE)
     if need < 2:
         return []
     runs = [closed[i:i + need] for i in range(len(closed) - need + 1)]

@@ -1,4 +1,4 @@
-"""Keeping an append target's partitions bounded: the smallest run of adjacent closed partitions merges
+"""Keeping an append target's partitions bounded: a run of adjacent closed partitions of like sizes merges
 into one (partitions.py: plan_rollup) when there are more than `target.partitions.max`.
 
 Online: the rows are copied into a new table beside the target while readers go on (writers of the merged
@@ -64,12 +64,24 @@ def roll_up(engine: Engine, spec: PipelineSpec) -> Rollup | None:
     return rollup
 
 
+def bound_partitions(engine: Engine, spec: PipelineSpec) -> list[Rollup]:
+    """Roll up until the target is within its bound; what `run` does after each commit, as the Airflow commit
+    task does (a catalog look, a few milliseconds, when nothing is over)."""
+    done = []
+    while spec.mode == "append" and (rollup := roll_up(engine, spec)) is not None:
+        done.append(rollup)
+    return done
+
+
 def _roll_up(conn: Connection, spec: PipelineSpec):
     if spec.mode != "append" or not table_exists(conn, spec.target_schema, spec.target_table):
         return None
+    bound = spec.max_partitions or MAX_PARTITIONS
+    if not plan_rollup(partitions_of(conn, spec), bound):
+        return None  # within bounds: the look took no lock
     lock_target(conn, spec)
     existing = partitions_of(conn, spec)
-    run = plan_rollup(existing, spec.max_partitions or MAX_PARTITIONS)
+    run = plan_rollup(existing, bound)
     if not run:
         return None
     target, lower, upper = target_names(spec), run[0].lower, run[-1].upper
