@@ -3,16 +3,18 @@
     python -m bench.soak [--batches 10000] [--compact-after 60] [--sample-every 15] [--max-minutes M] [--docs docs]
 
 One append pipeline (every batch attached as a partition of its own: the worst case for the partition count,
-`target.partitions: {max: 24, attach_min_rows: 1}`) and one upsert pipeline (1,000 keys) follow a trickle of
+`target.partitions: {attach_min_rows: 1}`, at most 16) and one upsert pipeline (1,000 keys) follow a trickle of
 orders on real Apache Kafka, each through `ledgerbatch run --follow` as users run it, with
 `history.compact_after` and `errors.quarantine_retention` of `--compact-after` seconds and upkeep every
 `--compact-after / 2` seconds: each minute stands for a month. Every `--sample-every` seconds the harness
 samples, per pipeline: the target lookup by source coordinates and the `count(*) WHERE customer = ...`
 (wall and planning time), the ledger's size in bytes and rows, the target's partitions and `verify`'s time;
-the followers' `phase` lines give plan and commit time per batch. It stops once each pipeline has committed
+the followers' `phase` lines give plan and commit time per batch. `verify` is timed whole and for its
+ledger part alone: its target part reads every target row, so it grows with the data (the append
+target's rows), not with the history. It stops once each pipeline has committed
 `--batches`, checks exactly once (every produced record a row or quarantined, `verify` clean) and reports
 each series' first and last thousand batches (medians). Prints one JSON document; with --docs, writes
-soak.png there. Its database is prefixed `lb_soak_` and dropped at the end.
+soak.png there (with --out, every sample in soak.json). Its database is prefixed `lb_soak_` and dropped at the end.
 """
 from __future__ import annotations
 
@@ -39,10 +41,11 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from .common import BIN, DB_PREFIX, REPO, SERVER_URL, BrokerProcess, child_env, fresh_database  # noqa: E402
 from .lb import migrate, phases  # noqa: E402
 from ledgerbatch.dev.demodata import order  # noqa: E402
+from ledgerbatch.ledger.inspection import violations  # noqa: E402
 from ledgerbatch.ops.verify import verify  # noqa: E402
 from ledgerbatch.spec.pipeline import load_spec  # noqa: E402
 
-PIPELINES = {"soak_append": {"mode": "append", "partitions": {"max": 24, "attach_min_rows": 1}},
+PIPELINES = {"soak_append": {"mode": "append", "partitions": {"attach_min_rows": 1}},
              "soak_upsert": {"mode": "upsert", "key": ["order_id"]}}
 KEYS = 1000  # the upsert pipeline's distinct orders
 POISON_EVERY = 499  # one record in this many is not JSON: quarantined, then purged (prime to KEYS)
@@ -117,14 +120,19 @@ def sample(engine, specs: dict, started: float) -> dict:
                                  c=f"c-{random.randrange(9973):04d}") for _ in range(5)]
             partitions = conn.execute(text("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(:t)"),
                                       {"t": f"public.{name}"}).scalar_one()
+            ledger_started = time.monotonic()
+            violations(conn, name)  # verify's ledger part: what history costs it
             verify_started = time.monotonic()
+            ledger_s = verify_started - ledger_started
             problems = verify(engine, specs[name])
             out[name] = {"batches": done, "partitions": partitions,
                          "lookup_ms": statistics.median(w for w, _ in lookups),
                          "lookup_planning_ms": statistics.median(p for _, p in lookups),
                          "count_ms": statistics.median(w for w, _ in counts),
                          "count_planning_ms": statistics.median(p for _, p in counts),
-                         "verify_s": round(time.monotonic() - verify_started, 4), "violations": len(problems)}
+                         "verify_s": round(time.monotonic() - verify_started, 4), "violations": len(problems),
+                         "verify_ledger_s": round(ledger_s, 4),
+                         "target_rows": conn.execute(text(f"SELECT count(*) FROM public.{name}")).scalar_one()}
     return out
 
 
@@ -138,7 +146,8 @@ def first_and_last(samples: list[dict], per_batch: dict, batches: int, window: i
             series["plan_commit_s"] = (steps[:window], steps[-window:])
         early = [s for s in samples if s[name]["batches"] <= window]
         late = [s for s in samples if s[name]["batches"] >= batches - window]
-        for key in ("lookup_ms", "lookup_planning_ms", "count_ms", "count_planning_ms", "verify_s", "partitions"):
+        for key in ("lookup_ms", "lookup_planning_ms", "count_ms", "count_planning_ms", "verify_s", "verify_ledger_s",
+                    "target_rows", "partitions"):
             series[key] = ([s[name][key] for s in early], [s[name][key] for s in late])
         for key in ("ledger_bytes", "ledger_rows"):
             series[key] = ([s[key] for s in early], [s[key] for s in late])
@@ -262,15 +271,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="history.compact_after and errors.quarantine_retention, in seconds (default 60)")
     p.add_argument("--sample-every", type=float, default=15.0, metavar="S")
     p.add_argument("--max-minutes", type=float, help="stop sampling after this long even if --batches is not reached")
-    p.add_argument("--docs", type=Path, help="write soak.png and soak.json here")
+    p.add_argument("--out", type=Path, help="write the whole result (every sample) here as soak.json")
+    p.add_argument("--docs", type=Path, help="write soak.png here")
     args = p.parse_args(argv)
     result = soak(args)
     print(json.dumps({k: v for k, v in result.items() if k not in ("samples", "per_batch_plan_commit_s")}, indent=2))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "soak.json").write_text(json.dumps(result, indent=1))
     if args.docs:
         from .soak_plot import plot
 
         args.docs.mkdir(parents=True, exist_ok=True)
-        (args.docs / "soak.json").write_text(json.dumps(result, indent=1, default=str))
         plot(result, args.docs / "soak.png")
     return 0 if result["checks"]["ok"] else 1
 

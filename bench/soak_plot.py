@@ -9,14 +9,14 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 SERIES = [("plan_commit_s", "plan + commit per batch (s)"), ("lookup_ms", "lookup by coordinates (ms)"),
-          ("count_ms", "count(*) WHERE customer (ms)"), ("ledger_bytes", "ledger size (MiB)"),
-          ("partitions", "target partitions"), ("verify_s", "verify (s)")]
+          ("count_planning_ms", "count(*) WHERE customer, planning (ms)"), ("ledger_bytes", "ledger size (MiB)"),
+          ("partitions", "target partitions"), ("verify_ledger_s", "verify, its ledger part (s)")]
 
 
 def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(18, 8))
     fig.suptitle(f"ledgerbatch history soak: compaction and quarantine retention after "
-                 f"{result['config']['compact_after']:g}s, at most 24 partitions ({result['started'][:10]})")
+                 f"{result['config']['compact_after']:g}s, at most 16 partitions ({result['started'][:10]})")
     for ax, (key, title) in zip(axes.flat, SERIES):
         for name, colour in (("soak_append", "tab:blue"), ("soak_upsert", "tab:orange")):
             if key == "plan_commit_s":

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTACH_MIN_ROWS = 50_000  # below this, copying the rows costs less than another partition
-MAX_PARTITIONS = 24  # planning a query over 24 partitions takes about 0.5 ms (docs/benchmarks.md)
+MAX_PARTITIONS = 16  # a lookup plans in about 0.5 ms over 16 to 24 partitions (docs/benchmarks.md: python -m bench.partitions)
 MAX_MERGE = 64  # partitions merged in one transaction, which locks each until it commits
 
 
