@@ -226,3 +226,25 @@ def test_cli_and_airflow_on_one_pipeline_commit_each_batch_once(airflow_db, conn
         finish = dag.test()  # one batch per DAG run: go on until caught up
     assert str(finish.state) == "success", states(finish)
     assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
+
+
+def test_history_dag_compacts_and_purges_each_pipeline_as_asked(airflow_db, connections, engine, broker, make_pipeline,
+                                                               monkeypatch):
+    p = make_pipeline(partitions=2)
+    produce(broker.bootstrap_servers, p.topic, [(i % 2, b"{oops" if i == 3 else order_value(i)) for i in range(20)])
+    dags = build(p, monkeypatch)
+    assert str(dags[f"ledgerbatch_{p.name}"].test().state) == "success"
+    history = dags["ledgerbatch_history"]
+    assert [t.task_id for t in history.tasks] == [f"upkeep_{p.name}"] and history.schedule == "@daily"
+    run = history.test(run_conf={"compact_before": "2099-01-01T00:00:00", "purge_before": "2099-01-01T00:00:00"})
+    assert str(run.state) == "success", states(run)
+    with engine.connect() as conn:
+        left = conn.execute(text("SELECT (SELECT count(*) FROM ledger.batches WHERE pipeline = :p), "
+                                 "(SELECT count(*) FROM ledger.quarantine WHERE pipeline = :p), "
+                                 "(SELECT batches FROM ledger.compactions WHERE pipeline = :p), "
+                                 "(SELECT quarantine_purged FROM ledger.compactions WHERE pipeline = :p)"),
+                            {"p": p.name}).one()
+    assert tuple(left) == (0, 0, 1, 1)
+    from ledgerbatch.ops.verify import verify
+
+    assert verify(engine, p.spec) == []

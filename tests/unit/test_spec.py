@@ -234,3 +234,13 @@ def test_history_settings():
     plain = parse_spec(MINIMAL)
     assert (plain.max_partitions, plain.attach_min_rows, plain.compact_after_s, plain.quarantine_retention_s) == (
         None, None, None, None)
+
+
+def test_upkeep_settings_leave_the_spec_version_as_it_was():
+    """Compaction, retention and the partition layout change no batch's result: an open batch is not asked to be
+    abandoned when they change. Anything else still makes a new version."""
+    plain = parse_spec(MINIMAL)
+    kept = parse_spec(spec_with(target__partitions={"max": 8}, history={"compact_after": "7d"},
+                                errors__quarantine_retention="30d"))
+    assert kept.version == plain.version
+    assert parse_spec(spec_with(errors__max_ratio=0.1)).version != plain.version

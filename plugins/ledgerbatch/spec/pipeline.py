@@ -15,7 +15,7 @@ from ledgerbatch.formats.decoders.catalog import CHANGE_FORMATS, DEBEZIUM_AVRO, 
 from ledgerbatch.formats.decoders.confluent_wire import CLIENT_OPTIONS
 from ledgerbatch.formats.schema import METADATA, Column, parse_schema
 from ledgerbatch.identifiers import check_ident, qualified
-from ledgerbatch.model.times import epoch_ms
+from ledgerbatch.model.times import SECONDS_PER, epoch_ms
 
 ON_NEW_DATA = "on_new_data"
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description", "history"}
@@ -68,7 +68,7 @@ class PipelineSpec:
     version_by: str | None = None  # upsert: the column whose higher value wins (commit/modes/versioned.py)
     max_partitions: int | None = None  # append: partitions kept (None: partitions.MAX_PARTITIONS); rollup.py
     attach_min_rows: int | None = None  # append: a batch this big becomes a partition (None: ATTACH_MIN_ROWS)
-    compact_after_s: float | None = None  # history.compact_after: `run --follow` compacts batches this old
+    compact_after_s: float | None = None  # history.compact_after: `run` compacts batches this old
     quarantine_retention_s: float | None = None  # errors.quarantine_retention: bad records kept this long
     text: str = ""  # the spec's canonical text (its YAML document as sorted JSON): what `version` hashes
 
@@ -303,9 +303,20 @@ def parse_spec(doc: object) -> PipelineSpec:
     )
 
 
+UPKEEP_KEYS = (("history", None), ("errors", "quarantine_retention"), ("target", "partitions"))
+
+
 def canonical_text(doc: dict) -> str:
     """The spec document as JSON with sorted keys: the same spec gives the same text whatever its YAML
-    layout, comments or key order."""
+    layout, comments or key order. The upkeep settings (UPKEEP_KEYS: compaction, quarantine retention, the
+    partition layout) are left out: they change no batch's result, so changing them asks no open batch to
+    be abandoned."""
+    doc = {k: dict(v) if isinstance(v, dict) else v for k, v in doc.items()}
+    for section, key in UPKEEP_KEYS:
+        if key is None:
+            doc.pop(section, None)
+        elif isinstance(doc.get(section), dict):
+            doc[section].pop(key, None)
     return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False, default=str)
 
 
@@ -335,7 +346,7 @@ def check_columns(columns: tuple[Column, ...], key: tuple[str, ...] | list[str],
 
 def _seconds(value: object, what: str) -> float:
     """A duration: seconds as a number, or a string such as 90s, 5m, 1h or 30d."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    units = SECONDS_PER
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         return float(value)
     if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?[smhd]", value.strip()):
