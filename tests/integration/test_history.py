@@ -255,3 +255,33 @@ def test_a_rollup_gives_way_to_a_long_query_and_merges_later(engine, db_url, bro
     with engine.connect() as conn:
         assert len(partitions_of(conn, p.spec)) == 2
     assert len(target(engine, p)) == 30 and verify(engine, p.spec) == []
+
+
+def test_rollups_keep_the_targets_own_rules(engine, db_url, broker, spark, make_pipeline):
+    """A target with an identity, a generated column, a DEFAULT, a CHECK and an auditing trigger: rolled up,
+    its rows keep their values, the trigger saw each row once, and it goes on working on the merged partition."""
+    p = make_pipeline(partitions=1, batch__max_records=10, target__partitions={"max": 2, "attach_min_rows": 1})
+    t = f'public."{p.table}"'
+    with engine.begin() as conn:
+        conn.execute(text(f"""
+            CREATE TABLE {t} (order_id text, customer text, amount numeric(12,2), ts timestamptz,
+                _topic text NOT NULL, _partition integer NOT NULL, _offset bigint NOT NULL, _batch_id bigint NOT NULL,
+                id bigint GENERATED ALWAYS AS IDENTITY, doubled numeric GENERATED ALWAYS AS (amount * 2) STORED,
+                channel text NOT NULL DEFAULT 'web', CHECK (amount >= 0),
+                UNIQUE (_topic, _partition, _offset, _batch_id)) PARTITION BY RANGE (_batch_id);
+            CREATE TABLE public."{p.table}_audit" (order_id text);
+            CREATE FUNCTION public."{p.table}_audited"() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN INSERT INTO public."{p.table}_audit" VALUES (NEW.order_id); RETURN NEW; END $$;
+            CREATE TRIGGER audited AFTER INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION public."{p.table}_audited"();"""))
+    produce(broker.bootstrap_servers, p.topic, [(0, order(i, f"{i}.00")) for i in range(30)])
+    run(engine, db_url, broker, spark, p)
+    produce(broker.bootstrap_servers, p.topic, [(0, order(i, f"{i}.00")) for i in range(30, 40)])
+    run(engine, db_url, broker, spark, p)  # into a merged partition's neighbour, then merged again
+    with engine.connect() as conn:
+        assert len(partitions_of(conn, p.spec)) == 2
+        rows = conn.execute(text(f"SELECT count(*), count(DISTINCT id), bool_and(doubled = amount * 2), "
+                                 f"bool_and(channel = 'web') FROM {t}")).one()
+        audited = conn.execute(text(f'SELECT count(*), count(DISTINCT order_id) FROM public."{p.table}_audit"')).one()
+    assert tuple(rows) == (40, 40, True, True)
+    assert tuple(audited) == (40, 40)  # the merges copied rows without firing the trigger again
+    assert verify(engine, p.spec) == []
