@@ -11,7 +11,8 @@ samples, per pipeline: the target lookup by source coordinates and the `count(*)
 (wall and planning time), the ledger's size in bytes and rows, the target's partitions and `verify`'s time;
 the followers' `phase` lines give plan and commit time per batch. `verify` is timed whole and for its
 ledger part alone: its target part reads every target row, so it grows with the data (the append
-target's rows), not with the history. It stops once each pipeline has committed
+target's rows), not with the history. Where the server runs without autovacuum, the harness vacuums the
+targets before each sample, as autovacuum would (compaction vacuums the ledger itself). It stops once each pipeline has committed
 `--batches`, checks exactly once (every produced record a row or quarantined, `verify` clean) and reports
 each series' first and last thousand batches (medians). Prints one JSON document; with --docs, writes
 soak.png there (with --out, every sample in soak.json). Its database is prefixed `lb_soak_` and dropped at the end.
@@ -100,10 +101,13 @@ def timed_plan(conn, sql: str, **params) -> tuple[float, float]:
     return plan["Planning Time"] + plan["Execution Time"], plan["Planning Time"]
 
 
-def sample(engine, specs: dict, started: float) -> dict:
+def sample(engine, specs: dict, started: float, autovacuum: bool) -> dict:
     out = {"t_s": round(time.monotonic() - started, 1)}
     # Autocommit: a transaction held across the samples would keep the target from the followers' commits.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if not autovacuum:  # this machine's server runs without it: do its work on the targets, as it would
+            for name in PIPELINES:
+                conn.execute(text(f"VACUUM (ANALYZE) public.{name}"))
         sizes = conn.execute(text(" UNION ALL ".join(
             f"SELECT '{t}', pg_total_relation_size('ledger.{t}'), (SELECT count(*) FROM ledger.{t})"
             for t in LEDGER_TABLES))).all()
@@ -181,6 +185,8 @@ def soak(args) -> dict:
     migrate(env)
     specs = {name: load_spec(workdir, name) for name in PIPELINES}
     engine = create_engine(url)
+    with engine.connect() as conn:
+        autovacuum = conn.execute(text("SHOW autovacuum")).scalar_one() == "on"
     trickle = Trickle(broker.bootstrap, args.rate, args.partitions)
     followers, logs, samples = {}, {}, []
     started = time.monotonic()
@@ -200,7 +206,7 @@ def soak(args) -> dict:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name}: the follower exited ({proc.returncode}): "
                                        f"{logs[name].read_text()[-2000:]}")
-            samples.append(sample(engine, specs, started))
+            samples.append(sample(engine, specs, started, autovacuum))
             print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
             if all(samples[-1][name]["batches"] >= args.batches for name in PIPELINES):
                 break

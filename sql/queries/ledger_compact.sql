@@ -105,3 +105,9 @@ WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition;
 -- `verify --deep` reads the batches above this again: those below were compacted or had bad records purged.
 SELECT coalesce((SELECT greatest(through_batch_id, purged_through) + 1 FROM ledger.compactions
                  WHERE pipeline = :pipeline), 0);
+
+-- name: vacuum_ledger
+-- After a fold (outside a transaction): the deleted rows' space is reused at once, whatever autovacuum's
+-- schedule (or with autovacuum off). A login that does not own the tables gets a warning, not an error.
+VACUUM (ANALYZE) ledger.batches, ledger.batch_ranges, ledger.staged_reads, ledger.checkpoints, ledger.compactions,
+    ledger.quarantine;

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from ledgerbatch.ledger.sql import run
 
@@ -44,6 +44,12 @@ def fold(conn: Connection, pipeline: str, f: Fold, deletes_folded: int, horizon:
     run(conn, "fold_checkpoints", {**f.params(pipeline), "horizon": horizon})
     run(conn, "fold_counts", {**f.params(pipeline), "deletes": deletes_folded})
     return run(conn, "delete_folded", f.params(pipeline)).rowcount
+
+
+def vacuum(engine: Engine) -> None:
+    """VACUUM the tables compaction deletes from, so their space is reused at once (autovacuum may be late, or off)."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        run(conn, "vacuum_ledger")
 
 
 def purge_quarantine(conn: Connection, pipeline: str, before: datetime) -> int:

@@ -46,6 +46,7 @@ def compact(engine: Engine, spec: PipelineSpec, before: datetime) -> Compacted:
             return Compacted(0, fold.folded, 0, False, time.monotonic() - started)
         deletes, horizon = mode_for(spec).fold_history(conn, spec, fold.through)
         batches = compaction.fold(conn, spec.name, fold, deletes, horizon)
+    compaction.vacuum(engine)
     done = Compacted(batches, fold.through, deletes, horizon, time.monotonic() - started)
     log.info("%s: compacted %d batches (through batch %d, finished before %s)%s%s in %.2fs", spec.name, batches,
              fold.through, before.isoformat(timespec="seconds"), f", forgot {deletes} deletes" if deletes else "",
@@ -57,6 +58,8 @@ def purge_quarantine(engine: Engine, spec: PipelineSpec, before: datetime) -> in
     """Delete the pipeline's bad records quarantined before `before`; `verify` keeps counting them."""
     with engine.begin() as conn:
         purged = compaction.purge_quarantine(conn, spec.name, before)
+    if purged:
+        compaction.vacuum(engine)
     log.info("%s: purged %d quarantined records older than %s", spec.name, purged, before.isoformat(timespec="seconds"))
     return purged
 
