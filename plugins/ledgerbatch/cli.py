@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backoff-max", type=_positive_float, default=60.0, metavar="S",
                      help="with --follow: the longest wait between tries while a dependency is away (default 60)")
     run.add_argument("--upkeep-seconds", type=_positive_float, default=60.0, metavar="S",
-                     help="with --follow: compact, purge and roll up as the spec asks every S seconds (default 60)")
+                     help="compact and purge as the spec asks when it starts, then every S seconds (default 60)")
     run.add_argument("--metrics-port", type=_positive, metavar="N",
                      help="serve the metrics for Prometheus on http://HOST:N/metrics while it runs (docs/observability.md)")
     run.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
