@@ -10,7 +10,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import text
 
-from ledgerbatch.commit.modes.rollup import partitions_of, roll_up
+from ledgerbatch.commit.modes.append import partitions_of
+from ledgerbatch.commit.modes.rollup import roll_up
 from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.ops.history import compact, purge_quarantine, upkeep
 from ledgerbatch.ops.run import run_pipeline, run_replay

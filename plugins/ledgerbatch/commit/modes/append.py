@@ -28,6 +28,12 @@ def partition_name(table: str, batch_id: int) -> str:
     return table.encode()[:63 - len(suffix)].decode(errors="ignore") + suffix
 
 
+def partitions_of(conn: Connection, spec: PipelineSpec) -> list[Partition]:
+    """The target's partitions with their batch-id bounds and sizes (rollup.py merges by size)."""
+    return [Partition(r.name, r.lower, r.upper, r.size)
+            for r in conn.execute(text(query("target_partitions")), target_names(spec))]
+
+
 class Append(TargetMode):
     rows_match_records = True
 
@@ -44,7 +50,7 @@ class Append(TargetMode):
         layout = conn.execute(text(query("target_layout")), target).one()
         plan = None  # a target created before targets were partitioned only takes copies
         if layout.partitioned:
-            existing = [Partition(r.name, r.lower, r.upper) for r in conn.execute(text(query("target_partitions")), target)]
+            existing = partitions_of(conn, spec)
             plan = plan_publish(batch_id, batch.rows_written, existing, spec.attach_min_rows or partitions.ATTACH_MIN_ROWS,
                                 newest_committed_batch(conn, spec.name))
         if plan is None or not plan.attach:

@@ -15,9 +15,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from ledgerbatch.commit.modes.append import partition_name
+from ledgerbatch.commit.modes.append import partition_name, partitions_of
 from ledgerbatch.commit.modes.base import target_names
-from ledgerbatch.commit.modes.partitions import MAX_PARTITIONS, Partition, plan_rollup
+from ledgerbatch.commit.modes.partitions import MAX_PARTITIONS, plan_rollup
 from ledgerbatch.commit.target import lock_target, table_exists
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -35,11 +35,6 @@ class Rollup:
     upper: int
     partitions: int  # the target's partitions afterwards
     seconds: float
-
-
-def partitions_of(conn: Connection, spec: PipelineSpec) -> list[Partition]:
-    return [Partition(r.name, r.lower, r.upper, r.size)
-            for r in conn.execute(text(query("target_partitions")), target_names(spec))]
 
 
 def roll_up(engine: Engine, spec: PipelineSpec) -> Rollup | None:
