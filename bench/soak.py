@@ -12,7 +12,7 @@ samples, per pipeline: the target lookup by source coordinates and the `count(*)
 the followers' `phase` lines give plan and commit time per batch. `verify` is timed whole and for its
 ledger part alone: its target part reads every target row, so it grows with the data (the append
 target's rows), not with the history. Where the server runs without autovacuum, the harness vacuums the
-targets before each sample, as autovacuum would (compaction vacuums the ledger itself). It stops once each pipeline has committed
+targets and the system catalogs before each sample, as autovacuum would (compaction vacuums the ledger itself). It stops once each pipeline has committed
 `--batches`, checks exactly once (every produced record a row or quarantined, `verify` clean) and reports
 each series' first and last thousand batches (medians). Prints one JSON document; with --docs, writes
 soak.png there (with --out, every sample in soak.json). Its database is prefixed `lb_soak_` and dropped at the end.
@@ -46,6 +46,9 @@ from ledgerbatch.ledger.inspection import violations  # noqa: E402
 from ledgerbatch.ops.verify import verify  # noqa: E402
 from ledgerbatch.spec.pipeline import load_spec  # noqa: E402
 
+# The system catalogs a partition's creation and drop leave dead rows in.
+CATALOGS = ", ".join(f"pg_catalog.{t}" for t in ("pg_class", "pg_attribute", "pg_depend", "pg_type", "pg_index",
+                                                 "pg_inherits", "pg_constraint", "pg_attrdef", "pg_statistic"))
 PIPELINES = {"soak_append": {"mode": "append", "partitions": {"attach_min_rows": 1}},
              "soak_upsert": {"mode": "upsert", "key": ["order_id"]}}
 KEYS = 1000  # the upsert pipeline's distinct orders
@@ -105,9 +108,10 @@ def sample(engine, specs: dict, started: float, autovacuum: bool) -> dict:
     out = {"t_s": round(time.monotonic() - started, 1)}
     # Autocommit: a transaction held across the samples would keep the target from the followers' commits.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if not autovacuum:  # this machine's server runs without it: do its work on the targets, as it would
+        if not autovacuum:  # this machine's server runs without it: do its work, as it would
             for name in PIPELINES:
                 conn.execute(text(f"VACUUM (ANALYZE) public.{name}"))
+            conn.execute(text(f"VACUUM (ANALYZE) {CATALOGS}"))  # every attach and merge adds and drops tables
         sizes = conn.execute(text(" UNION ALL ".join(
             f"SELECT '{t}', pg_total_relation_size('ledger.{t}'), (SELECT count(*) FROM ledger.{t})"
             for t in LEDGER_TABLES))).all()

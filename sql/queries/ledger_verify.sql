@@ -17,16 +17,31 @@ WHERE b.batch_id IS NULL
   AND t._batch_id > coalesce((SELECT through_batch_id FROM ledger.compactions WHERE pipeline = :pipeline), 0)
 HAVING count(*) > 0
 UNION ALL
-SELECT format('%s target rows lie outside every committed range (e.g. %s[%s] offset %s)',
-              count(*), min(t._topic), min(t._partition), min(t._offset))
-FROM {schema}.{table} t
-WHERE NOT EXISTS (SELECT 1 FROM ledger.batch_ranges r
-                  WHERE r.pipeline = :pipeline AND r.committed AND r.topic = t._topic AND r.partition = t._partition
-                    AND t._offset >= r.from_offset AND t._offset < r.until_offset)
-  AND NOT EXISTS (SELECT 1 FROM ledger.checkpoints k  -- compacted history (migration 014)
-                  WHERE k.pipeline = :pipeline AND k.topic = t._topic AND k.partition = t._partition
-                    AND t._offset >= coalesce(k.backfilled_from, k.from_offset) AND t._offset < k.until_offset)
-HAVING count(*) > 0
+SELECT * FROM (
+    -- One pass over the target however many ranges the ledger holds: each batch's rows of a partition
+    -- span offsets inside that batch's own range, or inside the compacted checkpoint. Only the rows of a
+    -- span that does not are looked for in every committed range, one by one (the CTE keeps that order).
+    WITH suspect AS MATERIALIZED (
+        SELECT g._batch_id, g._topic, g._partition
+        FROM (SELECT _batch_id, _topic, _partition, min(_offset) AS low, max(_offset) AS high
+              FROM {schema}.{table} GROUP BY 1, 2, 3) g
+        WHERE NOT EXISTS (SELECT 1 FROM ledger.batch_ranges r
+                          WHERE r.batch_id = g._batch_id AND r.topic = g._topic AND r.partition = g._partition
+                            AND r.pipeline = :pipeline AND r.committed AND g.low >= r.from_offset AND g.high < r.until_offset)
+          AND NOT EXISTS (SELECT 1 FROM ledger.checkpoints k  -- compacted history (migration 014)
+                          WHERE k.pipeline = :pipeline AND k.topic = g._topic AND k.partition = g._partition
+                            AND g.low >= coalesce(k.backfilled_from, k.from_offset) AND g.high < k.until_offset))
+    SELECT format('%s target rows lie outside every committed range (e.g. %s[%s] offset %s)',
+                  count(*), min(t._topic), min(t._partition), min(t._offset)) AS problem
+    FROM suspect s
+    JOIN {schema}.{table} t ON t._batch_id = s._batch_id AND t._topic = s._topic AND t._partition = s._partition
+    WHERE NOT EXISTS (SELECT 1 FROM ledger.batch_ranges r
+                      WHERE r.pipeline = :pipeline AND r.committed AND r.topic = t._topic AND r.partition = t._partition
+                        AND t._offset >= r.from_offset AND t._offset < r.until_offset)
+      AND NOT EXISTS (SELECT 1 FROM ledger.checkpoints k
+                      WHERE k.pipeline = :pipeline AND k.topic = t._topic AND k.partition = t._partition
+                        AND t._offset >= coalesce(k.backfilled_from, k.from_offset) AND t._offset < k.until_offset)
+    HAVING count(*) > 0) outside
 UNION ALL
 SELECT format('%s coordinates appear more than once in the target (e.g. %s[%s] offset %s)',
               count(*), min(d._topic), min(d._partition), min(d._offset))
