@@ -23,8 +23,9 @@ from ledgerbatch.ledger.engine import make_engine
 from ledgerbatch.ledger.migrations import migrate
 from ledgerbatch.model.batch import BatchKind
 from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import parse_spec
-from ledgerbatch.stage.tables import create_staging, staging_name
+from ledgerbatch.stage.tables import StagingTables, staging_name
 
 SPEC = parse_spec({"name": "rejects", "source": {"topics": ["orders"], "schema":
                    "order_id STRING, customer STRING, amount DECIMAL(12,2), ts TIMESTAMP"},
@@ -41,7 +42,7 @@ def stage(engine, start: int, rows: int, refused: int) -> int:
         batch_id = insert_batch(conn, SPEC.name, BatchKind.LIVE, [r])
         attempt = begin_attempt(conn, batch_id, None)
         staging = staging_name(batch_id, attempt)
-        create_staging(conn, SPEC, staging, batch_id)
+        StagingTables(staging).create(conn, BatchShape.of_spec(SPEC), batch_id)
         conn.execute(text(
             f'INSERT INTO ledger_staging."{staging}" (order_id, customer, amount, ts, _topic, _partition, _offset, '
             "_batch_id) SELECT 'o-' || o, 'c-' || (o % 97), CASE WHEN :every > 0 AND o % :every = 7 THEN -1 "
@@ -61,7 +62,7 @@ def main() -> None:
     engine = make_engine(fresh_database(f"{DB_PREFIX}rejects"))
     migrate(engine)
     with engine.begin() as conn:
-        mode_for(SPEC).ensure_target(conn, SPEC)
+        mode_for(SPEC).ensure_target(conn, SPEC, BatchShape.of_spec(SPEC))
         conn.execute(text("ALTER TABLE public.orders ADD CONSTRAINT positive CHECK (amount > 0)"))
     seconds: dict[int, list[float]] = {0: [], opts.refused: []}
     start = 0

@@ -33,7 +33,7 @@ from ledgerbatch.spark.session import get_spark
 from ledgerbatch.spec.pipeline import load_spec
 
 from ledgerbatch.commit.modes.catalog import mode_for
-from ledgerbatch.stage.transform import output_columns, output_spec
+from ledgerbatch.stage.transform import batch_shape
 
 from . import lb, transforms
 from .common import DB_PREFIX, fresh_database, watermarks
@@ -90,8 +90,7 @@ def one_size(spark, n: int, bootstrap: str, topic: str, partitions: int, workdir
     with engine.begin() as conn:
         statements = HISTORIC_SQL.split(";\n")
         if aggregate:
-            target = output_spec(spec, output_columns(spark, spec))
-            mode_for(target).ensure_target(conn, target)
+            mode_for(spec).ensure_target(conn, spec, batch_shape(spark, spec))
             statements += HISTORIC_CONTRIBUTIONS_SQL.split(";\n")
         for statement in statements:
             if statement.strip():

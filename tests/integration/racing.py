@@ -81,9 +81,9 @@ def worker(db_url: str, pipelines_dir: str, name: str, seed: int, seconds: float
     from ledgerbatch.plan.replay import plan_replay
     from ledgerbatch.spec.pipeline import load_spec
     from ledgerbatch.stage.lease import AttemptLease
-    from ledgerbatch.stage.tables import create_staging, staging_name
+    from ledgerbatch.stage.tables import StagingTables, staging_name
 
-    from .staged import Staged, fill, output_schema, target_spec
+    from .staged import Staged, fill, output_schema, target_shape
 
     partitions.ATTACH_MIN_ROWS = 5  # big enough batches become partitions of an append target
     rng = random.Random(seed)
@@ -113,7 +113,7 @@ def worker(db_url: str, pipelines_dir: str, name: str, seed: int, seconds: float
                     if attempt is None:  # another worker stages it
                         continue
                     staging = staging_name(batch.batch_id, attempt)
-                    create_staging(conn, target_spec(p), staging, batch.batch_id)
+                    StagingTables(staging).create(conn, target_shape(p), batch.batch_id)
                 with AttemptLease(engine, batch.batch_id, attempt, every_s=LEASE_S / 4):
                     time.sleep(rng.uniform(0, 0.2))  # reading Kafka takes a while
                     with engine.connect() as conn:

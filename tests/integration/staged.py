@@ -20,11 +20,11 @@ from ledgerbatch.commit.target import table_exists
 from ledgerbatch.ledger.batches import begin_attempt, get_batch, insert_batch, mark_staged
 from ledgerbatch.ledger.cursors import get_cursors, init_cursors
 from ledgerbatch.model.batch import Batch
-from ledgerbatch.stage.tables import bad_name, create_staging, staging_name
+from ledgerbatch.model.shape import BatchShape
+from ledgerbatch.stage.tables import StagingTables, staging_name
 from ledgerbatch.model.ranges import OffsetRange
 from ledgerbatch.spec.pipeline import load_spec
 from ledgerbatch.model.batch import BatchKind
-from ledgerbatch.stage.transform import spec_for_batch
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,9 +100,9 @@ def output_schema(p: Pipe) -> str | None:
     return GROUPS_OUTPUT if p.spec.mode == "aggregate" else ROWS_OUTPUT
 
 
-def target_spec(p: Pipe):
-    """The spec as the commit sees it (a query pipeline's columns are its query's output)."""
-    return spec_for_batch(p.spec, output_schema(p))
+def target_shape(p: Pipe) -> BatchShape:
+    """The batch's shape as the commit reads it (a query pipeline's columns are its query's output)."""
+    return BatchShape.recorded(p.spec, output_schema(p))
 
 
 def begin(engine, p: Pipe, batch_id: int) -> Staged:
@@ -110,7 +110,7 @@ def begin(engine, p: Pipe, batch_id: int) -> Staged:
     with engine.begin() as conn:
         attempt = begin_attempt(conn, batch_id, output_schema(p))
         staging = staging_name(batch_id, attempt)
-        create_staging(conn, target_spec(p), staging, batch_id)
+        StagingTables(staging).create(conn, target_shape(p), batch_id)
     return Staged(batch_id, attempt, staging)
 
 
@@ -150,7 +150,7 @@ def fill(engine, p: Pipe, s: Staged, good: list[tuple], bad: list[tuple] = (),
                   "offset": off, "batch_id": s.batch_id} for part, off, oid, amount, *version in good])
         if bad:
             conn.execute(text(
-                f'INSERT INTO ledger_staging."{bad_name(s.staging)}" (_topic, _partition, _offset, _error, _key, _value) '
+                f'INSERT INTO ledger_staging."{StagingTables(s.staging).bad}" (_topic, _partition, _offset, _error, _key, _value) '
                 "VALUES (:topic, :partition, :offset, :error, :key, :value)"),
                 [{"topic": p.topic, "partition": part, "offset": off, "error": error, "key": f"k{off}".encode(),
                   "value": b"\xff" + error.encode()} for part, off, error in bad])

@@ -17,8 +17,7 @@ from ledgerbatch.ledger.batches import delivering_batches
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import BatchFailedError, SpecError
 from ledgerbatch.stage.process import process_batch
-from ledgerbatch.stage.tables import binary_types
-from ledgerbatch.stage.transform import output_columns, output_spec
+from ledgerbatch.stage.transform import batch_shape
 from ledgerbatch.model.ranges import OffsetRange
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
 from ledgerbatch.commit.diff import dry_run_diff
@@ -101,7 +100,7 @@ def batches(engine, p) -> list:
 ], ids=["csv", "binary"])
 def test_aggregate_totals_are_exact_and_counted(query, copy_types, engine, db_url, broker, spark, make_pipeline):
     p = make_pipeline(partitions=3, batch__max_records=150, **{**AGGREGATE, "transform": query})
-    assert binary_types(output_spec(p.spec, output_columns(spark, p.spec))) == copy_types
+    assert batch_shape(spark, p.spec).binary_types == copy_types
     records = produce_orders(broker, p, 400, seed=1)
     summary = run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)
     assert summary.batches >= 2 and summary.records_read == 400
@@ -187,7 +186,7 @@ def test_a_backfill_before_a_latest_start_adds_exactly_its_records(engine, db_ur
 def test_filtering_append_query_counts_what_it_drops(engine, db_url, broker, spark, make_pipeline):
     p = make_pipeline(partitions=2, transform="SELECT *, upper(customer) AS shout FROM batch WHERE amount > 0")
     # its output is staged in the binary COPY format, coordinates and batch id last
-    assert binary_types(output_spec(p.spec, output_columns(spark, p.spec))) == (
+    assert batch_shape(spark, p.spec).binary_types == (
         "text", "text", "numeric(12,2)", "timestamptz", "text", "text", "integer", "bigint", "bigint")
     records = produce_orders(broker, p, 140, seed=3)
     summary = run_pipeline(engine, p.spec, db_url, broker.bootstrap_servers, lambda: spark)

@@ -12,7 +12,7 @@ import pytest
 
 from ledgerbatch.config import libpq_dsn
 from ledgerbatch.stage import binary_copy, csv_copy
-from ledgerbatch.stage.tables import binary_types
+from ledgerbatch.model.shape import BatchShape
 
 pytestmark = pytest.mark.integration
 
@@ -70,11 +70,11 @@ def test_every_encoded_type_stores_what_the_csv_copy_stores(db_url):
 
 def test_pipelines_stage_in_binary_where_every_column_is_encoded(make_pipeline):
     plain = make_pipeline(partitions=1)
-    assert binary_types(plain.spec) == ("text", "text", "numeric(12,2)", "timestamptz", "text", "integer", "bigint", "bigint")
+    assert BatchShape.of_spec(plain.spec).binary_types == ("text", "text", "numeric(12,2)", "timestamptz", "text", "integer", "bigint", "bigint")
     for overrides in ({"source__schema": "order_id STRING, amount DECIMAL(38,2)"},  # past an int64
                       {"source__schema": "order_id STRING, tags ARRAY<INT>"},  # an array literal, typed by the COPY
                       {"source__metadata": ["key"]}):  # bytea, staged as hex text
-        assert binary_types(make_pipeline(partitions=1, **overrides).spec) == (), overrides
+        assert BatchShape.of_spec(make_pipeline(partitions=1, **overrides).spec).binary_types == (), overrides
 
 
 def test_a_value_that_does_not_fit_its_column_fails_the_copy_instead_of_wrapping():

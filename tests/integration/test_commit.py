@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from ledgerbatch.ledger.batches import mark_staged
 from ledgerbatch.ledger.cursors import range_kind
-from ledgerbatch.stage.tables import bad_name
+from ledgerbatch.stage.tables import StagingTables
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import FencedError, LedgerbatchError, ReconcileError
 from ledgerbatch.model.ranges import OffsetRange
@@ -211,8 +211,8 @@ def test_reconciliation_failure_fails_the_batch_and_leaves_the_target(case, engi
 def test_missing_staging_table_fails_the_batch_and_a_new_attempt_commits(dropped, engine, make_pipe):
     p = make_pipe()
     s = staged_batch(engine, p, {0: (0, 2)}, good=[(0, 0, "o-0", "1.00")], bad=[(0, 1, "bad")])
-    names = {"both": [s.staging, bad_name(s.staging)], "good rows": [s.staging],
-             "bad records": [bad_name(s.staging)]}[dropped]
+    bad = StagingTables(s.staging).bad
+    names = {"both": [s.staging, bad], "good rows": [s.staging], "bad records": [bad]}[dropped]
     with engine.begin() as conn:
         for name in names:
             conn.execute(text(f'DROP TABLE ledger_staging."{name}"'))

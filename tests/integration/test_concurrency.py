@@ -18,12 +18,13 @@ from ledgerbatch.ledger.batches import begin_attempt, get_batch
 from ledgerbatch.ledger.cursors import get_cursors
 from ledgerbatch.model.batch import BatchKind, BatchStatus
 from ledgerbatch.model.ranges import Watermarks
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.ops.verify import verify
 from ledgerbatch.plan.live import plan_from
 from ledgerbatch.spec.pipeline import load_spec
 from ledgerbatch.stage.lease import LEASE_S, AttemptLease
 from ledgerbatch.stage.process import process_batch
-from ledgerbatch.stage.tables import create_staging, staging_name
+from ledgerbatch.stage.tables import StagingTables, staging_name
 
 from .staged import (Staged, batch, begin, cursors, fill, parked, plan, qrow, quarantine, row, staged_batch,
                      start_commit_in_child, target, wait_for_lock_waiters)
@@ -200,7 +201,7 @@ def test_a_second_runner_waits_for_the_attempt_being_staged_and_then_commits_it(
         with engine.connect() as conn:
             assert get_batch(conn, batch_id).attempt == holder
         with engine.begin() as conn:  # the holder stages its attempt
-            create_staging(conn, p.spec, staging, batch_id)
+            StagingTables(staging).create(conn, BatchShape.of_spec(p.spec), batch_id)
         fill(engine, p, Staged(batch_id, holder, staging), good=[(0, 0, "o-0", "1.00"), (0, 1, "o-1", "1.00")])
     runner.join(30)
     assert not runner.is_alive()

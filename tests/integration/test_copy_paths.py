@@ -4,7 +4,7 @@ and at the range's ends with time zones, long text, NUL bytes, non-BMP character
 missing fields; JSON has no NaN or Infinity, so those are set aside here and their binary encoding is
 checked in test_binary_copy.py) go through a range's staging (the parser, then stage/csv_copy.py: copy_range) once in each
 format on the real PostgreSQL server. Both must store the same values and set aside the same records with
-the same reasons. Arrays have no binary encoder: a pipeline with one stages in CSV only (tables.binary_types),
+the same reasons. Arrays have no binary encoder: a pipeline with one stages in CSV only (BatchShape.binary_types),
 so the two cannot differ there."""
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ import yaml
 from sqlalchemy import text
 
 from ledgerbatch.config import libpq_dsn
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.source.reader import Records
 from ledgerbatch.spec.pipeline import load_spec
 from ledgerbatch.stage import csv_copy
 from ledgerbatch.stage.job import Parsing
-from ledgerbatch.stage.tables import bad_name, drop_staging, open_staging, staging_statements
+from ledgerbatch.stage.tables import StagingTables, open_staging, staging_statements
 
 pytestmark = pytest.mark.integration
 
@@ -79,10 +80,10 @@ def test_binary_and_csv_copies_store_the_same_values_and_set_aside_the_same_reco
     for binary in (True, False):
         batch_id = 2_100_000_000 + seed * 2 + binary  # far past other tests' batches, whose staging shares the schema
         with engine.begin() as conn:
-            table = open_staging(conn, spec, batch_id, 1, libpq_dsn(db_url))
+            table = open_staging(conn, BatchShape.of_spec(spec), batch_id, 1, libpq_dsn(db_url))
         assert table.binary_types, "every column of this schema has a binary encoder"
         if not binary:
-            table = replace(table, binary_types=(), statements=staging_statements(spec, table.name, False))
+            table = replace(table, binary_types=(), statements=staging_statements(BatchShape.of_spec(spec), table.name, False))
         parser = Parsing.of(spec).parser()
         chunks = (parser.parse("copy_paths", 0, Records(list(range(lo, lo + 50)), [None] * 50, values[lo:lo + 50]))
                   for lo in range(0, len(values), 50))
@@ -94,8 +95,8 @@ def test_binary_and_csv_copies_store_the_same_values_and_set_aside_the_same_reco
         columns = ", ".join(f"{c}::text" for c in ("i", "b", "f", "d", "n", "frac", "ok", "day", "ts", "s", "doc"))
         with engine.begin() as c:
             good = c.execute(text(f"SELECT _offset, {columns} FROM ledger_staging.{table.name} ORDER BY _offset")).all()
-            bad = c.execute(text(f"SELECT _offset, _error FROM ledger_staging.{bad_name(table.name)} ORDER BY _offset")).all()
-            drop_staging(c, table.name)
+            bad = c.execute(text(f"SELECT _offset, _error FROM ledger_staging.{StagingTables(table.name).bad} ORDER BY _offset")).all()
+            StagingTables(table.name).drop(c)
         assert counts[2] == len(values) == len(good) + len(bad)
         staged[binary] = good, bad
     assert staged[True] == staged[False]

@@ -28,7 +28,7 @@ from ledgerbatch.ops.deep_verify import chosen_ranges, compare
 from ledgerbatch.ops.verify import verify
 from ledgerbatch.plan.replay import plan_replay
 
-from .staged import Pipe, batch, begin, fill, refused, staged_batch, target, target_spec
+from .staged import Pipe, batch, begin, fill, refused, staged_batch, target, target_shape
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,7 @@ def test_hostile_target(mode: Mode, kind: BatchKind, rule: Rule, engine, make_pi
     monkeypatch.setattr(partitions, "ATTACH_MIN_ROWS", mode.attach_min_rows)
     p = make_pipe(max_ratio=0.9, **mode.pipe)
     with engine.begin() as conn:
-        mode_for(p.spec).ensure_target(conn, target_spec(p))
+        mode_for(p.spec).ensure_target(conn, p.spec, target_shape(p))
         for statement in rule.statements:
             conn.execute(text(statement.format(t=f'public."{p.table}"', n=p.name,
                                                k="amount, _batch_id" if mode.pipe["mode"] == "append" else "amount")))
@@ -235,7 +235,7 @@ def test_rows_a_rule_sets_against_each_other_are_judged_in_offset_order(pipe, en
     the order of the keys."""
     p = make_pipe(max_ratio=0.9, **pipe)
     with engine.begin() as conn:
-        mode_for(p.spec).ensure_target(conn, p.spec)
+        mode_for(p.spec).ensure_target(conn, p.spec, target_shape(p))
         k = "amount, _batch_id" if pipe["mode"] == "append" else "amount"
         conn.execute(text(f'CREATE UNIQUE INDEX {p.name}_one_amount ON public."{p.table}" ({k})'))
     records = [(0, 0, "o-9", "2.00"), (0, 1, "o-1", "2.00"), (0, 2, "o-5", "3.00")]

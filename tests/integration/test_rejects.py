@@ -17,7 +17,7 @@ from ledgerbatch.model.batch import BatchStatus
 from ledgerbatch.ops.verify import verify
 
 from .helpers import assert_exactly_once, cli, produce
-from .staged import batch, cursors, quarantine, refused, staged_batch, target, target_spec
+from .staged import batch, cursors, quarantine, refused, staged_batch, target, target_shape
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ GOOD = [(0, 0, "o-0", "1.00"), (0, 1, "o-1", "2.00"), (0, 2, "o-2", "3.00"), (0,
 def tighten(engine, p, *statements: str) -> None:
     """Create the target, then change it as a user would; `{t}` is the target table."""
     with engine.begin() as conn:
-        mode_for(p.spec).ensure_target(conn, target_spec(p))
+        mode_for(p.spec).ensure_target(conn, p.spec, target_shape(p))
         for sql in statements:
             conn.execute(text(sql.format(t=f'public."{p.table}"', name=p.table)))
 

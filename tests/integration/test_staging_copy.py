@@ -8,10 +8,11 @@ import pytest
 from sqlalchemy import text
 
 from ledgerbatch.config import libpq_dsn
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.source.reader import RangeReadError, Records
 from ledgerbatch.stage import csv_copy
 from ledgerbatch.stage.job import Parsing
-from ledgerbatch.stage.tables import bad_name, drop_staging, open_staging
+from ledgerbatch.stage.tables import StagingTables, open_staging
 
 from .helpers import order_value
 
@@ -40,18 +41,18 @@ def _chunks(p, offsets: range, fail_after: int | None = None):
 def staging(engine, db_url, make_pipeline):
     p = make_pipeline(partitions=1)
     with engine.begin() as conn:
-        table = open_staging(conn, p.spec, _BATCH_IDS + int(p.name.rsplit("_", 1)[1]), 1, libpq_dsn(db_url))
+        table = open_staging(conn, BatchShape.of_spec(p.spec), _BATCH_IDS + int(p.name.rsplit("_", 1)[1]), 1, libpq_dsn(db_url))
     conn = psycopg2.connect(table.dsn)
     yield p, table, conn
     conn.close()
     with engine.begin() as c:  # `verify` reports staging tables no batch owns
-        drop_staging(c, table.name)
+        StagingTables(table.name).drop(c)
 
 
 def _staged(engine, table) -> tuple[list, list]:
     with engine.connect() as conn:
         good = conn.execute(text(f"SELECT _offset, amount FROM ledger_staging.{table.name} ORDER BY 1")).all()
-        bad = conn.execute(text(f"SELECT _offset FROM ledger_staging.{bad_name(table.name)} ORDER BY 1")).scalars().all()
+        bad = conn.execute(text(f"SELECT _offset FROM ledger_staging.{StagingTables(table.name).bad} ORDER BY 1")).scalars().all()
     return good, bad
 
 

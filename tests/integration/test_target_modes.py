@@ -13,7 +13,7 @@ from ledgerbatch.model.batch import BatchKind, BatchStatus
 from ledgerbatch.ops.verify import verify
 
 from .staged import (TS, Pipe, Staged, batch, commit_in_child, cursors, parked, qrow, quarantine, refused, row,
-                     staged_batch, staging_tables, start_commit_in_child, target, target_spec, wait_for_lock_waiters)
+                     staged_batch, staging_tables, start_commit_in_child, target, target_shape, wait_for_lock_waiters)
 
 pytestmark = pytest.mark.integration
 T0, T1, T2, T3 = TS, "2026-11-21T10:00:01Z", "2026-11-21T10:00:02Z", "2026-11-21T10:00:03Z"
@@ -34,8 +34,8 @@ class TargetModeContract:
         p = make_pipe(mode=self.MODE)
         mode = mode_for(p.spec)
         with engine.begin() as conn:
-            mode.ensure_target(conn, target_spec(p))
-            mode.ensure_target(conn, target_spec(p))  # a second run finds it in shape
+            mode.ensure_target(conn, p.spec, target_shape(p))
+            mode.ensure_target(conn, p.spec, target_shape(p))  # a second run finds it in shape
             columns = [r.column_name for r in conn.execute(text(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' "
                 "AND table_name = :t ORDER BY ordinal_position"), {"t": p.table})]
@@ -72,7 +72,7 @@ class TargetModeContract:
     def _refusing_target(self, engine, p: Pipe) -> None:
         """The target as the user tightened it: amounts of 100 and more are refused."""
         with engine.begin() as conn:
-            mode_for(p.spec).ensure_target(conn, target_spec(p))
+            mode_for(p.spec).ensure_target(conn, p.spec, target_shape(p))
             conn.execute(text(f'ALTER TABLE public."{p.table}" ADD CONSTRAINT small_amounts CHECK (amount < 100)'))
 
     def test_rows_the_target_refuses_are_quarantined_and_a_replay_retries_them(self, engine, make_pipe):

@@ -11,5 +11,6 @@ def test_every_package_folder_is_in_the_wheel():
                if d.is_dir() and d.name != "__pycache__" and (d / "__init__.py").exists()}
     folders.add("ledgerbatch")
     listed = set(config["packages"])
-    assert folders == listed - {"ledgerbatch._sql", "ledgerbatch._spark_jobs"}
+    shipped = {"ledgerbatch._sql", "ledgerbatch._sql.migrations", "ledgerbatch._sql.queries", "ledgerbatch._spark_jobs"}
+    assert folders == listed - shipped
     assert config["package-dir"] == {"": "plugins", "ledgerbatch._sql": "sql", "ledgerbatch._spark_jobs": "spark_jobs"}

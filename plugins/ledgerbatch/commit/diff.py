@@ -10,9 +10,9 @@ from ledgerbatch.commit.modes.catalog import mode_for
 from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.ledger.batches import get_batch, mark_abandoned
 from ledgerbatch.model.batch import BatchStatus
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.tables import drop_finished_staging
-from ledgerbatch.stage.transform import spec_for_batch
 
 log = logging.getLogger(__name__)
 
@@ -46,5 +46,5 @@ def _diff(conn, spec: PipelineSpec, batch_id: int) -> Diff:
     batch = get_batch(conn, batch_id, for_update=True)  # a committer of it waits, or has finished
     if batch.status != BatchStatus.STAGED:
         raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged")
-    row = mode_for(spec).diff(conn, spec_for_batch(spec, batch.output_schema), batch)
+    row = mode_for(spec).diff(conn, spec, BatchShape.recorded(spec, batch.output_schema), batch)
     return Diff(row.added, row.removed, row.changed, row.unchanged, batch.rows_quarantined)

@@ -23,8 +23,10 @@ denied) is the server's state, not the row's: it fails the batch, which is retri
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
@@ -36,9 +38,10 @@ from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import record_set_aside
 from ledgerbatch.ledger.quarantine import quarantine_refused
 from ledgerbatch.model.batch import Batch
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
-from ledgerbatch.stage.tables import staging_columns
+from ledgerbatch.stage.tables import StagingTables
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +70,18 @@ def row_error(exc: BaseException) -> bool:
     return code[:2] in ROW_ERROR_CLASSES or code == TRIGGER_RAISE
 
 
-def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch) -> Published:
+def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, shape: BatchShape,
+                      batch: Batch) -> Published:
     """Publish the batch; with `errors.on_reject: quarantine` move the rows the target refuses to quarantine
     first. Under `fail` the batch fails naming a refused record; where rows are not records (aggregate
     groups) it fails naming the group's refusal. Either way nothing is written and the batch stays staged."""
     conn.execute(text(query("constraints_immediate")))
+    publish = functools.partial(mode.publish, conn, spec, shape, batch)  # all staged rows, or rows= a run of them
     rejected = 0
     while True:
         try:
             with conn.begin_nested():
-                removed = mode.publish(conn, spec, batch) or 0
+                removed = publish() or 0
             conn.execute(text(query("constraints_restored")))
             return Published(removed, rejected)
         except DBAPIError as exc:
@@ -89,18 +94,18 @@ def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, ba
                         first.message)
         names = {"staging": batch.staging_table, "units": f"{batch.staging_table}_units",
                  "slice": f"{batch.staging_table}_slice"}
-        refused, total = _find_refused(conn, mode, spec, batch, names, first)
+        refused, total = _find_refused(conn, mode, publish, spec, batch, names, first)
         if spec.on_reject == "fail":
             raise RowsRefusedError(_refusal_report(conn, batch, names, refused, total))
         rejected += _quarantine(conn, spec, batch, names, refused, total)
 
 
-def _find_refused(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch, names: dict,
-                  first: Refusal) -> tuple[list[Refusal], int]:
+def _find_refused(conn: Connection, mode: TargetMode, publish: Callable, spec: PipelineSpec, batch: Batch,
+                  names: dict, first: Refusal) -> tuple[list[Refusal], int]:
     """Number the staged rows, then find the refused ones: by the refused CHECK or NOT NULL itself where the
     first refusal names one (the rows that break it, each confirmed by a probe of its own), else by bisection.
     Returns them and how many rows there are."""
-    columns = Fragment(", ".join(quote_ident(c) for c in staging_columns(conn, batch.staging_table)))
+    columns = Fragment(", ".join(quote_ident(c) for c in StagingTables(batch.staging_table).columns(conn)))
     total = conn.execute(text(query("number_units", order=Fragment(mode.unit_order(spec)), **names))).rowcount
     conn.execute(text(query("index_units", **names)))
     conn.execute(text(query("slice_view", columns=columns, **names)))
@@ -108,9 +113,9 @@ def _find_refused(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch:
         # An empty run first: what every publish of the batch does besides its rows (a replay's removals, a
         # new partition of an append target) is done once, not again by every probe.
         conn.execute(text(query("set_slice")), {"first": "1", "last": "0"})
-        mode.publish(conn, spec, batch, rows=names["slice"])
-        refused = _breaking(conn, mode, spec, batch, names, first) or _bisect(conn, mode, spec, batch,
-                                                                             names["slice"], total)
+        publish(rows=names["slice"])
+        refused = _breaking(conn, publish, spec, batch, names, first) or _bisect(conn, publish, batch, names["slice"],
+                                                                               total)
         # named as the user declared them, while the probes' partitions (which may name them) still exist
         declared = {name: conn.execute(text(query("declared_constraint")), {"name": name, "schema": spec.target_schema})
                     .scalar_one() for name in {r.constraint for r in refused if r.constraint}}
@@ -118,7 +123,7 @@ def _find_refused(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch:
     return [replace(r, constraint=declared.get(r.constraint)) for r in refused], total
 
 
-def _breaking(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch, names: dict,
+def _breaking(conn: Connection, publish: Callable, spec: PipelineSpec, batch: Batch, names: dict,
               first: Refusal) -> list[Refusal]:
     """The rows that break the CHECK or NOT NULL the first refusal named, found in one scan and each
     confirmed by publishing it alone (a row the scan misjudges is left to the next round). A batch with k
@@ -144,20 +149,19 @@ def _breaking(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Bat
         return []
     refused = []
     for (unit,) in units:
-        refusal = _probe(conn, mode, spec, batch, names["slice"], unit, unit)
+        refusal = _probe(conn, publish, names["slice"], unit, unit)
         if refusal is not None:
             refused.append(replace(refusal, unit=unit))
     return refused
 
 
-def _probe(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch, slice_view: str, first: int,
-           last: int) -> Refusal | None:
+def _probe(conn: Connection, publish: Callable, slice_view: str, first: int, last: int) -> Refusal | None:
     """Publish rows first..last through `slice_view` in a savepoint of their own, kept where the server takes
     them; the server's refusal where it refuses a row. Any other error fails the batch."""
     conn.execute(text(query("set_slice")), {"first": str(first), "last": str(last)})
     try:
         with conn.begin_nested():
-            mode.publish(conn, spec, batch, rows=slice_view)
+            publish(rows=slice_view)
         return None
     except DBAPIError as exc:
         if not row_error(exc):
@@ -198,15 +202,14 @@ def _group_report(batch: Batch, refusal: Refusal) -> str:
             f"or the query, then run again (the staged batch commits)")
 
 
-def _bisect(conn: Connection, mode: TargetMode, spec: PipelineSpec, batch: Batch, slice_view: str,
-            total: int) -> list[Refusal]:
+def _bisect(conn: Connection, publish: Callable, batch: Batch, slice_view: str, total: int) -> list[Refusal]:
     """Publish rows 1..total in runs through `slice_view`, each kept where the server takes it, halved where
     it refuses."""
     refused: list[Refusal] = []
     pending = [(1, total)]
     while pending:
         first, last = pending.pop()
-        refusal = _probe(conn, mode, spec, batch, slice_view, first, last)
+        refusal = _probe(conn, publish, slice_view, first, last)
         if refusal is None:
             continue
         if first == last:

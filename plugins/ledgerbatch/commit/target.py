@@ -1,5 +1,5 @@
-"""The target table's shape: its columns and lineage, existence, and evolution to the spec's columns
-(evolve.py)."""
+"""The target table: its columns and lineage (from the batch's shape, model/shape.py), its commit lock,
+existence, and evolution to the shape's columns (evolve.py)."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +9,8 @@ from sqlalchemy.engine import Connection
 
 from ledgerbatch.commit.evolve import plan_evolution
 from ledgerbatch.errors import SpecError
-from ledgerbatch.formats.schema import LINEAGE
 from ledgerbatch.identifiers import quote_ident
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
 from ledgerbatch.stage.tables import column_defs
@@ -18,10 +18,10 @@ from ledgerbatch.stage.tables import column_defs
 log = logging.getLogger(__name__)
 
 
-def target_defs(spec: PipelineSpec) -> Fragment:
-    """A target's columns: the spec's, then the lineage, which is never NULL."""
-    lineage = [f"{quote_ident(c.name)} {c.pg_type} NOT NULL" for c in LINEAGE]
-    return Fragment(",\n    ".join([column_defs(spec)] + lineage))
+def target_defs(shape: BatchShape) -> Fragment:
+    """A target's columns: the shape's, then the lineage, which is never NULL."""
+    lineage = [f"{quote_ident(c.name)} {c.pg_type} NOT NULL" for c in shape.lineage]
+    return Fragment(",\n    ".join([column_defs(shape)] + lineage))
 
 
 def lock_target(conn: Connection, spec: PipelineSpec) -> None:
@@ -36,13 +36,13 @@ def table_exists(conn: Connection, schema: str, table: str) -> bool:
     return conn.execute(text(query("table_exists")), {"schema": schema, "table": table}).scalar_one()
 
 
-def evolve_target(conn: Connection, spec: PipelineSpec, lineage=LINEAGE, at: tuple[str, str] | None = None) -> None:
-    """Bring the target (or the table `at`, with the target's columns) to the spec's columns where
-    `target.evolve` allows it (evolve.py), in the caller's transaction; refuse one that disagrees."""
+def evolve_target(conn: Connection, spec: PipelineSpec, shape: BatchShape, at: tuple[str, str] | None = None) -> None:
+    """Bring the target (or the table `at`, with the target's columns) to the shape's columns and lineage
+    where `target.evolve` allows it (evolve.py), in the caller's transaction; refuse one that disagrees."""
     schema, table = at or (spec.target_schema, spec.target_table)
     target = dict(schema=schema, table=table)
     actual = {r.column_name: r.type for r in conn.execute(text(query("table_columns")), target)}
-    change = plan_evolution(actual, spec.stored_columns + tuple(lineage), spec.evolve == "additive")
+    change = plan_evolution(actual, shape.columns + shape.lineage, spec.evolve == "additive")
     if change.problems:
         raise SpecError(f"table {schema}.{table} disagrees with the spec: {'; '.join(change.problems)}")
     for c in change.add:

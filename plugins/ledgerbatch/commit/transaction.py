@@ -21,6 +21,7 @@ from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_committed,
 from ledgerbatch.ledger.cursors import advance_cursor, range_kind
 from ledgerbatch.ledger.quarantine import clear_quarantine, quarantine_staged
 from ledgerbatch.model.batch import BatchKind, BatchStatus, RangeRefused
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.model.reconcile import (
     Counts,
     check_error_budget,
@@ -30,19 +31,7 @@ from ledgerbatch.model.reconcile import (
     set_aside_counts,
 )
 from ledgerbatch.spec.pipeline import PipelineSpec, check_version
-from ledgerbatch.stage.tables import (
-    bad_name,
-    drop_finished_staging,
-    drop_staging,
-    lock_staging,
-    staged_bad,
-    staged_changes,
-    staged_counts,
-    staged_overlap,
-    staged_rows,
-    staging_complete,
-)
-from ledgerbatch.stage.transform import spec_for_batch
+from ledgerbatch.stage.tables import StagingTables, drop_finished_staging
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +77,8 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         if attempt is not None and batch.attempt != attempt:
             raise FencedError(f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} owns the batch")
         check_version(spec, batch_id, batch.spec_version)  # staged under the spec it was planned with, or refused
-        spec = spec_for_batch(spec, batch.output_schema)  # a query pipeline publishes the output it staged
+        shape = BatchShape.recorded(spec, batch.output_schema)  # a query pipeline publishes the output it staged
+        staging = StagingTables(batch.staging_table)
 
         # 2. Live: compare-and-set every cursor from `from` to `until`.
         #    Replay/backfill: the cursors stay; each range must still be what it was planned as.
@@ -109,27 +99,26 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         try:
             # 3. Shut out any straggling writer of this attempt, then reconcile what the ledger recorded
             #    with what staging holds (each staging table is unique on the coordinates).
-            if not staging_complete(conn, spec, batch.staging_table):
+            if not staging.complete(conn, shape):
                 raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} is missing or not in this "
                                      f"version's shape (dropped, staged by an earlier ledgerbatch, or before the spec's "
                                      f"columns changed): the next run stages it again")
-            lock_staging(conn, batch.staging_table)
-            if spec.mode != "aggregate" and staged_overlap(conn, batch.staging_table):
+            staging.lock(conn)
+            if not shape.groups and staging.overlap(conn):
                 raise ReconcileError(f"batch {batch_id}: staging table {batch.staging_table} holds offsets both as rows and as bad records")
             recorded = Counts(batch.records_read, batch.rows_written, batch.rows_quarantined, batch.rows_deleted,
                               batch.records_skipped)
             if spec.query is None:
-                staged = staged_counts(conn, batch.staging_table)
+                staged = staging.counts(conn)
                 bad = sum(row.bad for row in staged)
                 total = sum(row.rows for row in staged)
-                deleted, skipped = staged_changes(conn, batch.staging_table) if spec.changes else (0, 0)
+                deleted, skipped = staging.changes(conn) if shape.changes else (0, 0)
                 reconcile(recorded, Counts(total, total - bad - deleted - skipped, bad, deleted, skipped))
                 reconcile_ranges(batch.range_counts, {(row.topic, row.partition): row.rows for row in staged})
             else:
                 # A query's output has no record per row: what was read per range was recorded
                 # before the query (ledger/batches.py: staged_reads); staging holds its bad records and output.
-                reconcile_query(batch, staged_bad(conn, batch.staging_table),
-                                staged_rows(conn, batch.staging_table), spec.mode == "aggregate")
+                reconcile_query(batch, staging.bad_counts(conn), staging.rows(conn), shape.groups)
             check_error_budget(recorded, spec.error_policy, spec.max_error_ratio, spec.min_bad)
 
             # 4. A replay first takes out what earlier deliveries of its ranges quarantined: its own
@@ -139,14 +128,14 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
             #    target refuses (rejects.py), and move bad records into quarantine.
             cleared = clear_quarantine(conn, batch_id) if batch.kind != BatchKind.LIVE else 0
             mode = mode_for(spec)
-            mode.ensure_target(conn, spec)
-            published = publish_or_reject(conn, mode, spec, batch)
+            mode.ensure_target(conn, spec, shape)
+            published = publish_or_reject(conn, mode, spec, shape, batch)
             recorded = set_aside_counts(recorded, get_batch(conn, batch_id))  # refused or superseded rows
             if published.rejected:
                 check_error_budget(recorded, spec.error_policy, spec.max_error_ratio, spec.min_bad)
             if batch.kind != BatchKind.LIVE:
                 record_replaced(conn, batch_id, published.removed + cleared)
-            quarantined = quarantine_staged(conn, bad_name(batch.staging_table), batch_id, spec.name)
+            quarantined = quarantine_staged(conn, staging.bad, batch_id, spec.name)
             if quarantined != recorded.rows_quarantined:
                 raise ReconcileError(f"batch {batch_id}: quarantined {quarantined} rows, expected {recorded.rows_quarantined}")
         except ReconcileError as exc:
@@ -155,7 +144,7 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
 
         # 5. Mark committed and drop what is left of staging.
         mark_committed(conn, batch_id)
-        drop_staging(conn, batch.staging_table)
+        staging.drop(conn)
         crash_point("before_commit")
         terminate_point(conn, "before_commit")
     crash_point("after_commit")

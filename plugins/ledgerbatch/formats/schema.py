@@ -86,6 +86,21 @@ METADATA = {"key": Column("_key", "BINARY"), "timestamp": Column("_timestamp", "
             "headers": Column("_headers", "VARIANT")}
 
 
+# The column types the binary COPY encodes (stage/binary_copy.py): these, and numeric(p,s) up to
+# numeric(18,16) (unscaled values and the padded fraction fit an int64). Arrays and bytea have no encoder.
+BINARY_COPY_TYPES = frozenset({"smallint", "integer", "bigint", "real", "double precision", "boolean", "date",
+                               "timestamptz", "text", "jsonb"})
+MAX_BINARY_DECIMAL = (18, 16)
+
+
+def binary_encodable(pg_type: str) -> bool:
+    """Whether the binary COPY can encode a column of `pg_type` (as staging declares it)."""
+    if pg_type.startswith("numeric("):
+        precision, scale = (int(x) for x in pg_type[len("numeric("):-1].split(","))
+        return precision <= MAX_BINARY_DECIMAL[0] and scale <= MAX_BINARY_DECIMAL[1]
+    return pg_type in BINARY_COPY_TYPES
+
+
 def parse_schema(ddl: str, lineage_names: bool = False) -> tuple[Column, ...]:
     """Parse `name TYPE, name TYPE, ...` (the subset of Spark DDL that maps onto PostgreSQL columns).
     `lineage_names`: a query's output, which may carry metadata columns such as _timestamp."""

@@ -33,13 +33,13 @@ from ledgerbatch.ledger.compaction import detailed_from
 from ledgerbatch.ledger.sql import run
 from ledgerbatch.model.deep_reads import held, layers, merged, read_of
 from ledgerbatch.model.ranges import OffsetRange, range_arrays
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.plan.replay import plan_replay
 from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
 from ledgerbatch.stage.process import process_batch
-from ledgerbatch.stage.tables import bad_name, column_names, drop_finished_staging
-from ledgerbatch.stage.transform import spec_for_batch
+from ledgerbatch.stage.tables import StagingTables, drop_finished_staging
 
 log = logging.getLogger(__name__)
 _COMPARE = {"append": "deep_append", "upsert": "deep_upsert", "aggregate": "deep_aggregate"}
@@ -115,7 +115,7 @@ def compare(engine: Engine, spec: PipelineSpec, batch_id: int, ranges: list[Offs
     problems = []
     with engine.begin() as conn:
         batch = get_batch(conn, batch_id, for_update=True)
-        names = _names(spec_for_batch(spec, batch.output_schema), batch.staging_table)
+        names = _names(spec, BatchShape.recorded(spec, batch.output_schema), StagingTables(batch.staging_table))
         params = {"pipeline": spec.name, "batches": batches, **range_arrays(ranges)}
         for name in (_COMPARE[spec.mode], "deep_quarantine"):
             for row in conn.execute(text(query(name, **names)), params):
@@ -124,8 +124,8 @@ def compare(engine: Engine, spec: PipelineSpec, batch_id: int, ranges: list[Offs
     return problems
 
 
-def _names(spec: PipelineSpec, staging: str) -> dict:
-    columns = column_names(spec)
+def _names(spec: PipelineSpec, shape: BatchShape, staging: StagingTables) -> dict:
+    columns = shape.names
     key = list(spec.key)
     deleted = "false"
     if spec.changes:  # the key's delete (ledger_deletes keeps its last one) is no older than the change
@@ -133,7 +133,7 @@ def _names(spec: PipelineSpec, staging: str) -> dict:
                    f"WHERE {match_key('d', key)} AND NOT ({_before('d', 'c', spec.version_by)}))")
     aggregates = dict(key=key, contributions=contributions_table(spec), measures_agg=measures_merged(spec),
                       differs=measures_differ(spec)) if spec.mode == "aggregate" else {}
-    return dict(staging=staging, bad=bad_name(staging), columns_t=prefixed("t", columns),
+    return dict(staging=staging.name, bad=staging.bad, columns_t=prefixed("t", columns),
                 columns_s=prefixed("s", columns), key_c=prefixed("c", key),
                 match_t=match_key("t", key),
                 changes=Fragment("s._change <> 's'" if spec.changes else "true"),

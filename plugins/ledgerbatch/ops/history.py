@@ -18,6 +18,7 @@ from ledgerbatch.commit.modes.catalog import mode_for
 from ledgerbatch.commit.modes.rollup import Rollup, bound_partitions
 from ledgerbatch.commit.target import lock_target
 from ledgerbatch.ledger import compaction
+from ledgerbatch.ops.hooks import RunHook
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.tables import drop_finished_staging
 
@@ -82,14 +83,17 @@ def upkeep(engine: Engine, spec: PipelineSpec, now: datetime | None = None) -> U
     return Upkeep(compacted, purged, tuple(bound_partitions(engine, spec)))
 
 
-class Upkeeper:
-    """A follower's upkeep: at most every `every_s` seconds, between batches."""
+class Upkeeper(RunHook):
+    """A run's upkeep: when it starts, then at most every `every_s` seconds, between batches; and an append
+    target's partitions within their bound after every commit (a batch attached as a partition may put it over)."""
 
     def __init__(self, engine: Engine, spec: PipelineSpec, every_s: float):
         self.engine, self.spec, self.every_s, self.last = engine, spec, every_s, float("-inf")
 
-    def __call__(self) -> Upkeep | None:
-        if time.monotonic() - self.last < self.every_s:
-            return None
-        self.last = time.monotonic()
-        return upkeep(self.engine, self.spec)
+    def between_batches(self) -> None:
+        if time.monotonic() - self.last >= self.every_s:
+            self.last = time.monotonic()
+            upkeep(self.engine, self.spec)
+
+    def committed(self, batch, result) -> None:
+        bound_partitions(self.engine, self.spec)

@@ -22,8 +22,9 @@ import attr
 from sqlalchemy.engine import make_url
 
 from ledgerbatch.model.batch import Batch
+from ledgerbatch.model.shape import BatchShape
+from ledgerbatch.ops.hooks import RunHook
 from ledgerbatch.spec.pipeline import PipelineSpec
-from ledgerbatch.stage.tables import column_names
 
 log = logging.getLogger(__name__)
 PRODUCER = "https://github.com/ledgerbatch/ledgerbatch/tree/main/plugins/ledgerbatch/ops/lineage.py"
@@ -65,14 +66,13 @@ def datasets(spec: PipelineSpec, db_url: str, bootstrap_servers: str, batch: Bat
     from openlineage.client.facet_v2 import output_statistics_output_dataset as stats
     from openlineage.client.facet_v2 import schema_dataset
 
-    from ledgerbatch.stage.transform import spec_for_batch
-
-    output_spec = spec_for_batch(spec, batch.output_schema) if batch is not None and batch.output_schema else spec
+    recorded = batch is not None and batch.output_schema
+    shape = BatchShape.recorded(spec, batch.output_schema) if recorded else BatchShape.of_spec(spec)
     namespace = kafka_namespace(bootstrap_servers)
     inputs = [InputDataset(namespace=namespace, name=topic) for topic in spec.topics]
-    fields = [schema_dataset.SchemaDatasetFacetFields(name=c.name, type=c.pg_type) for c in output_spec.stored_columns]
+    fields = [schema_dataset.SchemaDatasetFacetFields(name=c.name, type=c.pg_type) for c in shape.columns]
     facets = {"schema": schema_dataset.SchemaDatasetFacet(fields=fields, producer=PRODUCER)}
-    sources = column_sources(spec, column_names(output_spec))
+    sources = column_sources(spec, list(shape.names))
     if sources:
         facets["columnLineage"] = cl.ColumnLineageDatasetFacet(producer=PRODUCER, fields={
             column: cl.Fields(inputFields=[cl.InputField(namespace=namespace, name=topic, field=source)
@@ -114,8 +114,9 @@ def run_id(batch: Batch) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"ledgerbatch:{batch.pipeline}:{batch.batch_id}"))
 
 
-class Emitter:
-    """The CLI's events through openlineage-python, configured by its own environment."""
+class Emitter(RunHook):
+    """The CLI's events through openlineage-python, configured by its own environment; as a run's hook,
+    a batch's START, then its COMPLETE or FAIL."""
 
     def __init__(self, spec: PipelineSpec, db_url: str, bootstrap_servers: str):
         self.spec, self.db_url, self.bootstrap_servers = spec, db_url, bootstrap_servers
@@ -128,7 +129,7 @@ class Emitter:
 
     @contextmanager
     def running(self, batch: Batch, enabled: bool = True):
-        """START now, FAIL if the block raises; the block emits COMPLETE after its commit."""
+        """START now, FAIL if the block raises; COMPLETE comes after its commit (`committed`)."""
         if enabled:
             self.emit("START", batch)
         try:
@@ -137,6 +138,9 @@ class Emitter:
             if enabled:
                 self.emit("FAIL", batch)
             raise
+
+    def committed(self, batch: Batch, result) -> None:
+        self.emit("COMPLETE", batch, result.rows_written)
 
     def emit(self, state: str, batch: Batch, rows_written: int | None = None) -> None:
         if self.client is None:

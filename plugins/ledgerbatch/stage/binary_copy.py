@@ -1,6 +1,7 @@
 """COPY data in PostgreSQL's binary format, made from Arrow arrays a column at a time: the server then
 parses no text (its numeric and timestamptz input are most of a text COPY's server time). Only staging
-tables whose every column has an encoder here are staged this way (`encodable`); the others take CSV.
+tables whose every column has an encoder here are staged this way (model/shape.py: BatchShape.binary_types,
+by formats/schema.py's binary_encodable); the others take CSV.
 
 A row is a 16-bit field count, then per field a 32-bit length (-1: NULL) and the value in the type's
 send format (big-endian). Each column becomes Arrow binary arrays whose pieces make its fields (a text
@@ -14,19 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ledgerbatch.formats.schema import MAX_BINARY_DECIMAL
+
 HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags, header extension length
 TRAILER = b"\xff\xff"
 _NULL = b"\xff\xff\xff\xff"
 _PG_EPOCH_DAYS = 10_957  # 2000-01-01, PostgreSQL's epoch, in days since 1970-01-01
 _PG_EPOCH_US = _PG_EPOCH_DAYS * 86_400 * 1_000_000
 _NUMERIC_NEG = 0x4000
-_MAX_DECIMAL_PRECISION = 18  # unscaled values fit an int64
-_MAX_DECIMAL_SCALE = 16  # the fraction, padded to whole base-10000 digits, still fits an int64
-
-
-def encodable(pg_types) -> bool:
-    """Whether every column type (as staging declares it) has a binary encoder."""
-    return all(_encoder(t) is not None for t in pg_types)
 
 
 def binary_rows(arrays: list, pg_types: tuple[str, ...]) -> bytes:
@@ -39,14 +35,9 @@ def binary_rows(arrays: list, pg_types: tuple[str, ...]) -> bytes:
     return rows.buffers()[2][int(offsets[0]):int(offsets[-1])].to_pybytes()
 
 
-def _encoder(pg_type: str) -> Callable | None:
-    if pg_type in _ENCODERS:
-        return _ENCODERS[pg_type]
-    if pg_type.startswith("numeric("):
-        precision, scale = (int(x) for x in pg_type[len("numeric("):-1].split(","))
-        if precision <= _MAX_DECIMAL_PRECISION and scale <= _MAX_DECIMAL_SCALE:
-            return _numeric
-    return None
+def _encoder(pg_type: str) -> Callable:
+    """Only for the types formats/schema.py's binary_encodable admits (BatchShape.binary_types)."""
+    return _numeric if pg_type.startswith("numeric(") else _ENCODERS[pg_type]
 
 
 def _fixed(values, width: int):
@@ -116,8 +107,8 @@ def _numeric(array):
     fraction is padded to whole digits; the server strips zero digits (make_result), so every value of
     a column is sent at one width."""
     precision, scale = array.type.precision, array.type.scale
-    if precision > _MAX_DECIMAL_PRECISION or scale > _MAX_DECIMAL_SCALE:  # staged as declared: never
-        raise ValueError(f"binary COPY: {array.type} is past the int64 encoding of {_MAX_DECIMAL_PRECISION} digits")
+    if precision > MAX_BINARY_DECIMAL[0] or scale > MAX_BINARY_DECIMAL[1]:  # staged as declared: never
+        raise ValueError(f"binary COPY: {array.type} is past the int64 encoding of {MAX_BINARY_DECIMAL[0]} digits")
     int_digits, frac_digits = -(-(precision - scale) // 4), -(-scale // 4)
     unscaled = _unscaled(array)
     integer, fraction = np.divmod(np.abs(unscaled), 10 ** scale)

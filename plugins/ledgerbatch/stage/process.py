@@ -18,7 +18,6 @@ from ledgerbatch.errors import (
     FencedError,
     ReconcileError,
 )
-from ledgerbatch.formats.schema import schema_ddl
 from ledgerbatch.ledger.batches import begin_attempt, get_batch, mark_failed, pin_spec_version
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.model.reconcile import Counts, check_error_budget
@@ -28,7 +27,7 @@ from ledgerbatch.stage import transform
 from ledgerbatch.stage.driver import stage_batch
 from ledgerbatch.stage.job import Parsing, StagingJob
 from ledgerbatch.stage.lease import AttemptLease, lease_of, wait_for_holder
-from ledgerbatch.stage.tables import bad_name, drop_staging_quietly, open_staging, output_order
+from ledgerbatch.stage.tables import StagingTables, drop_staging_quietly, open_staging
 
 log = logging.getLogger(__name__)
 # A Python worker's traceback inside a Spark error, up to Spark's own SQLSTATE or JVM stack.
@@ -45,15 +44,13 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     if batch.status == BatchStatus.STAGED:  # e.g. a task retried after staging: commit what is there, never re-read
         log.info("batch %d is already staged by attempt %d: nothing to process", batch_id, batch.attempt)
         return batch
-    # A query transform is analysed before anything is read: its output is the target's shape.
-    output = transform.output_columns(spark, spec) if spec.query is not None else None
-    target = transform.output_spec(spec, output) if output is not None else spec
+    shape = transform.batch_shape(spark, spec)  # a query's output, analysed before anything is read
     while True:
         with engine.begin() as conn:
-            attempt = begin_attempt(conn, batch_id, schema_ddl(output) if output is not None else None, lease_of(batch))
+            attempt = begin_attempt(conn, batch_id, shape.output_schema, lease_of(batch))
             if attempt is not None:
                 batch = get_batch(conn, batch_id)
-                table = open_staging(conn, target, batch_id, attempt, libpq_dsn(db_url))
+                table = open_staging(conn, shape, batch_id, attempt, libpq_dsn(db_url))
                 break
         batch = wait_for_holder(engine, batch_id)  # another runner stages it: never fence a live attempt
         if batch.status in (BatchStatus.STAGED, BatchStatus.COMMITTED):
@@ -65,8 +62,8 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
         batch_id=batch_id, attempt=attempt, ranges=batch.ranges,
         kafka=consumer_config(bootstrap_servers, dict(spec.kafka_options)), stall_timeout_s=stall_timeout_s,
         parsing=Parsing.of(spec), table=table,
-        output=output_order(target) if output is not None else (), aggregate=spec.mode == "aggregate",
-        inputs=transform.query_inputs(spark, spec) if output is not None else (),
+        output=shape.output_order if spec.query is not None else (), aggregate=shape.groups,
+        inputs=transform.query_inputs(spark, spec) if spec.query is not None else (),
     )
     try:
         with AttemptLease(engine, batch_id, attempt):
@@ -97,7 +94,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             mark_failed(conn, batch_id, attempt, str(exc))
         raise BatchFailedError(
             f"batch {batch_id} failed, nothing committed: {exc}. The bad records are in "
-            f"ledger_staging.{bad_name(staging)}. "
+            f"ledger_staging.{StagingTables(staging).bad}. "
             + ("The next run plans these offsets again with the records that arrived since" if OVER_BUDGET in str(exc)
                else "Fix the data or the spec's errors section and run again")
         ) from None

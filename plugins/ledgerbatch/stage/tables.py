@@ -1,18 +1,19 @@
-"""A batch's staging tables (sql/queries/staging.sql): their names and shapes, creating them in one call
-(`open_staging`), what they hold, and dropping them. The target's shape is commit/target.py."""
+"""A batch's staging tables (sql/queries/staging.sql): their names, their DDL from the batch's shape
+(model/shape.py), creating them in one call (`open_staging`), and `StagingTables`: what stage and commit ask
+of them (counts, overlap, bad records, drop)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from ledgerbatch.formats.schema import BATCH_ID, COORDINATE_NAMES, LINEAGE
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import finished_staging_tables, staged_read_statement
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.model.statements import StagingStatements
-from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
 from ledgerbatch.stage.job import StagingTable
 
@@ -23,135 +24,106 @@ def staging_name(batch_id: int, attempt: int) -> str:
     return f"b{batch_id}_a{attempt}"
 
 
-def bad_name(staging: str) -> str:
-    """The attempt's table of bad records, beside its table of good rows."""
-    return f"{staging}_bad"
+def column_defs(shape: BatchShape) -> Fragment:
+    return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in shape.columns))
 
 
-def column_defs(spec: PipelineSpec) -> Fragment:
-    return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in spec.stored_columns))
-
-
-def column_names(spec: PipelineSpec) -> list[str]:
-    """The target's columns before lineage, in order."""
-    return [c.name for c in spec.stored_columns]
-
-
-def staging_columns(conn: Connection, staging: str) -> list[str]:
-    """A staging table's columns as they are, in order."""
-    return [r.column_name for r in conn.execute(text(query("table_columns")),
-                                                {"schema": "ledger_staging", "table": staging})]
-
-
-def staged_column_names(spec: PipelineSpec) -> list[str]:
-    """The staged good rows' columns before lineage: the target's, and what a change does (parse.CHANGE)."""
-    return column_names(spec) + (["_change"] if spec.changes else [])
-
-
-def binary_types(spec: PipelineSpec) -> tuple[str, ...]:
-    """The types of the good rows' COPY columns (a query pipeline's: its output's, as staging_statements'
-    copy_output takes them) where every one has a binary encoder, else ()."""
-    from ledgerbatch.stage import binary_copy
-
-    lineage = (BATCH_ID,) if spec.mode == "aggregate" else LINEAGE  # aggregate staging holds groups
-    types = tuple(c.pg_type for c in spec.stored_columns) + (("text",) if spec.changes else ())
-    types += tuple(c.pg_type for c in lineage)
-    return types if binary_copy.encodable(types) else ()
-
-
-def staging_defs(spec: PipelineSpec) -> Fragment:
-    defs = column_defs(spec)
-    if spec.changes:  # a delete row holds only the key, a skipped record (a tombstone) nothing but lineage
+def staging_defs(shape: BatchShape) -> Fragment:
+    defs = column_defs(shape)
+    if shape.changes:  # a delete row holds only the key, a skipped record (a tombstone) nothing but lineage
         return Fragment(f"{defs},\n    \"_change\" text NOT NULL CHECK (\"_change\" IN ('u', 'd', 's'))")
     return defs
 
 
-def staging_statements(spec: PipelineSpec, staging: str, binary: bool) -> StagingStatements:
-    """What an attempt's staging tasks run, rendered here because executors may not have sql/. `spec`
-    is the target's view of it (a query pipeline's: transform.output_spec); `binary`: its good rows'
-    (or query output's) COPY is binary (binary_types)."""
+def staging_statements(shape: BatchShape, staging: str, binary: bool) -> StagingStatements:
+    """What an attempt's staging tasks run, rendered here because executors may not have sql/. `binary`:
+    its good rows' (or query output's) COPY is binary (shape.binary_types)."""
+    tables = StagingTables(staging)
     copy = query("staging_copy_binary" if binary else "staging_copy", staging=staging,
-                 columns=staged_column_names(spec))
-    if spec.query is None:
+                 columns=list(shape.staged_names))
+    if shape.output_schema is None:
         return StagingStatements(session=query("staging_session"), lock=query("staging_task_lock"), copy=copy,
-                                 delete=query("staging_delete_partition", staging=staging, bad=bad_name(staging)),
-                                 copy_bad=query("staging_copy_bad", bad=bad_name(staging)))
+                                 delete=query("staging_delete_partition", staging=staging, bad=tables.bad),
+                                 copy_bad=query("staging_copy_bad", bad=tables.bad))
     return StagingStatements(
         session=query("staging_session"), lock=query("staging_task_lock"), copy=copy, delete="",
-        copy_bad=query("staging_copy_bad", bad=bad_name(staging)),
-        delete_bad=query("staging_delete_bad", bad=bad_name(staging)),
+        copy_bad=query("staging_copy_bad", bad=tables.bad),
+        delete_bad=query("staging_delete_bad", bad=tables.bad),
         record_read=staged_read_statement(),
         # aggregate staging holds groups, without coordinates
         copy_output=(query("staging_copy_groups_binary" if binary else "staging_copy_groups", staging=staging,
-                           columns=column_names(spec)) if spec.mode == "aggregate" else copy),
+                           columns=list(shape.names)) if shape.groups else copy),
     )
 
 
-def output_order(spec: PipelineSpec) -> tuple[str, ...]:
-    """A query's output columns in the order staging_statements' copy_output takes them."""
-    lineage = () if spec.mode == "aggregate" else COORDINATE_NAMES
-    return tuple(column_names(spec)) + lineage
-
-
-def open_staging(conn: Connection, spec: PipelineSpec, batch_id: int, attempt: int, dsn: str) -> StagingTable:
-    """Create an attempt's staging tables and say how its tasks reach them (`dsn`: libpq, for executors).
-    `spec` is the target's view of the pipeline (a query pipeline's: transform.output_spec)."""
-    name = staging_name(batch_id, attempt)
-    create_staging(conn, spec, name, batch_id)
-    types = binary_types(spec)
-    return StagingTable(dsn, name, staging_statements(spec, name, bool(types)), tuple(staged_column_names(spec)),
+def open_staging(conn: Connection, shape: BatchShape, batch_id: int, attempt: int, dsn: str) -> StagingTable:
+    """Create an attempt's staging tables and say how its tasks reach them (`dsn`: libpq, for executors)."""
+    tables = StagingTables(staging_name(batch_id, attempt))
+    tables.create(conn, shape, batch_id)
+    types = shape.binary_types
+    return StagingTable(dsn, tables.name, staging_statements(shape, tables.name, bool(types)), shape.staged_names,
                         batch_id, types)
 
 
-def create_staging(conn: Connection, spec: PipelineSpec, staging: str, batch_id: int) -> None:
-    """The attempt's table of good rows (an aggregate's: of groups, one per key) and of bad records."""
-    if spec.mode == "aggregate":
-        conn.execute(text(query("create_staging_groups", staging=staging, defs=column_defs(spec), key=list(spec.key))),
-                     {"batch_id": batch_id})
-    else:
-        conn.execute(text(query("create_staging", staging=staging, defs=staging_defs(spec))), {"batch_id": batch_id})
-    conn.execute(text(query("create_staging_bad", bad=bad_name(staging))))
+@dataclass(frozen=True)
+class StagingTables:
+    """An attempt's staging tables, its good rows (`name`) and its bad records (`bad`), as the driver that
+    stages into them and the commit that reconciles and publishes them ask of them."""
+    name: str
 
+    @property
+    def bad(self) -> str:
+        return f"{self.name}_bad"
 
-def staged_rows(conn: Connection, staging: str) -> int:
-    return conn.execute(text(query("staged_rows", staging=staging))).scalar_one()
+    def create(self, conn: Connection, shape: BatchShape, batch_id: int) -> None:
+        """The table of good rows (an aggregate's: of groups, one per key) and of bad records."""
+        if shape.groups:
+            conn.execute(text(query("create_staging_groups", staging=self.name, defs=column_defs(shape),
+                                    key=list(shape.key))), {"batch_id": batch_id})
+        else:
+            conn.execute(text(query("create_staging", staging=self.name, defs=staging_defs(shape))),
+                         {"batch_id": batch_id})
+        conn.execute(text(query("create_staging_bad", bad=self.bad)))
 
+    def complete(self, conn: Connection, shape: BatchShape) -> bool:
+        """Both tables exist, the good rows carry their batch id (an earlier version staged into one table
+        without it) and every column of the shape (the spec may have changed since staging)."""
+        return conn.execute(text(query("staging_complete")), {"staging": self.name, "bad": self.bad,
+                                                              "columns": [*shape.staged_names, "_batch_id"]}).scalar_one()
 
-def staged_bad(conn: Connection, staging: str) -> dict[tuple[str, int], int]:
-    return {(r.topic, r.partition): r.bad for r in conn.execute(text(query("staged_bad", bad=bad_name(staging))))}
+    def lock(self, conn: Connection) -> None:
+        conn.execute(text(query("lock_staging", staging=self.name, bad=self.bad)))
 
+    def columns(self, conn: Connection) -> list[str]:
+        """The good rows' table's columns as they are, in order."""
+        return [r.column_name for r in conn.execute(text(query("table_columns")),
+                                                    {"schema": "ledger_staging", "table": self.name})]
 
-def staging_complete(conn: Connection, spec: PipelineSpec, staging: str) -> bool:
-    """Both staging tables exist, the good rows carry their batch id (an earlier version staged into
-    one table without it) and every column the spec has now (it may have changed since staging)."""
-    return conn.execute(text(query("staging_complete")), {"staging": staging, "bad": bad_name(staging),
-                                                          "columns": staged_column_names(spec) + ["_batch_id"]}).scalar_one()
+    def counts(self, conn: Connection) -> list:
+        """Rows and bad records per partition, counted by parallel workers (the commit waits for the count)."""
+        conn.execute(text(query("cheap_parallel_scans")))
+        counts = conn.execute(text(query("staged_counts", staging=self.name, bad=self.bad))).all()
+        conn.execute(text(query("default_parallel_scans")))
+        return counts
 
+    def changes(self, conn: Connection) -> tuple[int, int]:
+        """A change pipeline's staged (deletes, skipped records)."""
+        row = conn.execute(text(query("staged_changes", staging=self.name))).one()
+        return row.deleted, row.skipped
 
-def lock_staging(conn: Connection, staging: str) -> None:
-    conn.execute(text(query("lock_staging", staging=staging, bad=bad_name(staging))))
+    def overlap(self, conn: Connection) -> int:
+        """Offsets staged both as rows and as bad records (none, unless something is wrong)."""
+        return conn.execute(text(query("staged_overlap", staging=self.name, bad=self.bad))).scalar_one()
 
+    def rows(self, conn: Connection) -> int:
+        return conn.execute(text(query("staged_rows", staging=self.name))).scalar_one()
 
-def staged_counts(conn: Connection, staging: str) -> list:
-    """Rows and bad records per partition, counted by parallel workers (the commit waits for the count)."""
-    conn.execute(text(query("cheap_parallel_scans")))
-    counts = conn.execute(text(query("staged_counts", staging=staging, bad=bad_name(staging)))).all()
-    conn.execute(text(query("default_parallel_scans")))
-    return counts
+    def bad_counts(self, conn: Connection) -> dict[tuple[str, int], int]:
+        """Bad records per partition."""
+        return {(r.topic, r.partition): r.bad for r in conn.execute(text(query("staged_bad", bad=self.bad)))}
 
-
-def staged_changes(conn: Connection, staging: str) -> tuple[int, int]:
-    """A change pipeline's staged (deletes, skipped records)."""
-    row = conn.execute(text(query("staged_changes", staging=staging))).one()
-    return row.deleted, row.skipped
-
-
-def staged_overlap(conn: Connection, staging: str) -> int:
-    return conn.execute(text(query("staged_overlap", staging=staging, bad=bad_name(staging)))).scalar_one()
-
-
-def drop_staging(conn: Connection, staging: str) -> None:
-    conn.execute(text(query("drop_staging", staging=staging, bad=bad_name(staging))))
+    def drop(self, conn: Connection) -> None:
+        conn.execute(text(query("drop_staging", staging=self.name, bad=self.bad)))
 
 
 def drop_finished_staging(engine: Engine, pipeline: str) -> list[str]:
@@ -169,7 +141,7 @@ def drop_staging_quietly(engine: Engine, names: list[str], lock_timeout_ms: int 
         try:
             with engine.begin() as conn:
                 conn.execute(text(query("set_lock_timeout")), {"ms": f"{lock_timeout_ms}ms"})
-                drop_staging(conn, name)
+                StagingTables(name).drop(conn)
         except OperationalError:
             remaining.append(name)
     return remaining

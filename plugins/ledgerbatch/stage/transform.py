@@ -3,18 +3,18 @@
 The view holds a batch's good records: the parsed columns, the metadata columns the spec asks for
 and the source coordinates `_topic, _partition, _offset` (bad records never reach it). The query's
 output decides the target's columns: Spark analyses it over an empty view before anything is read,
-and the batch records that output (`ledger.batches.output_schema`), so its commit publishes exactly
-the shape that was staged.
+and the batch records that output (`ledger.batches.output_schema`) with its shape (model/shape.py), so
+its commit publishes exactly the shape that was staged.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from ledgerbatch.errors import SpecError
 from ledgerbatch.formats.parse import ERROR_COLUMNS, staged_struct
-from ledgerbatch.formats.schema import COORDINATE_NAMES, METADATA, Column, parse_schema, parse_type
+from ledgerbatch.formats.schema import COORDINATE_NAMES, METADATA, Column, parse_type
 from ledgerbatch.identifiers import check_ident
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import MERGES, PipelineSpec
 
 VIEW = "batch"
@@ -175,17 +175,7 @@ def _check_aggregate(spec: PipelineSpec, columns: tuple[Column, ...], where: str
             raise SpecError(f"{where}: measure {name!r} is {c.spark_ddl}: {how} needs a scalar")
 
 
-def output_spec(spec: PipelineSpec, columns: tuple[Column, ...]) -> PipelineSpec:
-    """The spec as the target sees it: the query's output (coordinates are lineage) as its columns."""
-    stored = tuple(c for c in columns if c.name not in COORDINATE_NAMES)
-    return replace(spec, columns=stored, metadata=(), transform=())
-
-
-def spec_for_batch(spec: PipelineSpec, output_schema: str | None) -> PipelineSpec:
-    """The spec a staged batch commits with: a query pipeline's columns are the output it staged."""
-    if spec.query is None:
-        return spec
-    if not output_schema:
-        raise SpecError(f"pipeline {spec.name}: the batch was staged without a query's output columns (before "
-                        f"the spec had transform: as a query?): run it again to stage it with the query")
-    return output_spec(spec, parse_schema(output_schema, lineage_names=True))
+def batch_shape(spark, spec: PipelineSpec) -> BatchShape:
+    """The shape of a batch staged now: a query pipeline's is its query's output, analysed over an empty
+    `batch` before anything is read; a plain pipeline's is its spec's."""
+    return BatchShape.of_output(spec, output_columns(spark, spec)) if spec.query is not None else BatchShape.of_spec(spec)

@@ -21,8 +21,7 @@ from ledgerbatch.source.kafka import consumer_config, watermarks
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.driver import default_parallelism, query_plan, transform_plan
 from ledgerbatch.stage.job import OUTPUT_COUNTS, Parsing
-from ledgerbatch.stage.tables import binary_types, output_order, staged_column_names
-from ledgerbatch.stage.transform import output_columns, output_spec, query_inputs
+from ledgerbatch.stage.transform import batch_shape, query_inputs
 from ledgerbatch.stage.warm_tasks import Sample, count_rows, encode_rows, sample_rows, warm_worker
 
 log = logging.getLogger(__name__)
@@ -76,13 +75,13 @@ def _run_plan(spark, spec: PipelineSpec, parsing: Parsing, bootstrap_servers: st
                     query_inputs(spark, spec) if spec.query is not None else None)
     ranges = spark.range(0, len(newest), 1, tasks)  # none when the topics are empty: the plan still compiles
     read = functools.partial(sample_rows, sample=sample)
+    shape = batch_shape(spark, spec)
     if spec.query is not None:
-        output = output_order(output_spec(spec, output_columns(spark, spec)))
-        counts = query_plan(ranges, spec, sample.inputs, output, read, count_rows).collect()
+        counts = query_plan(ranges, spec, sample.inputs, shape.output_order, read, count_rows).collect()
     elif spec.transform:
         counts = transform_plan(ranges, spec, read, count_rows, OUTPUT_COUNTS).collect()
     else:
-        encode = functools.partial(encode_rows, sample=sample, columns=tuple(staged_column_names(spec)),
-                                   binary_types=binary_types(spec))
+        encode = functools.partial(encode_rows, sample=sample, columns=shape.staged_names,
+                                   binary_types=shape.binary_types)
         counts = ranges.mapInArrow(encode, OUTPUT_COUNTS).collect()
     return sum(r.span for r in newest), sum(c.rows for c in counts)

@@ -15,15 +15,15 @@ from sqlalchemy.engine import Connection
 from ledgerbatch.commit.modes.base import TargetMode, prefixed, target_names
 from ledgerbatch.commit.target import evolve_target, table_exists
 from ledgerbatch.errors import FencedError
-from ledgerbatch.formats.schema import BATCH_ID
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import delivering_batches
 from ledgerbatch.ledger.inspection import aggregate_violations
 from ledgerbatch.model.batch import Batch, BatchKind
 from ledgerbatch.model.ranges import covers
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
-from ledgerbatch.stage.tables import column_defs, column_names
+from ledgerbatch.stage.tables import column_defs
 
 _MERGE = {"sum": "COALESCE(t.{c} + EXCLUDED.{c}, t.{c}, EXCLUDED.{c})",
           "min": "LEAST(t.{c}, EXCLUDED.{c})", "max": "GREATEST(t.{c}, EXCLUDED.{c})"}
@@ -37,19 +37,19 @@ class Aggregate(TargetMode):
     rows_match_records = False  # many records make one group
     rows_are_records = False  # a group the target refuses stands for records nobody can name: it fails the batch
 
-    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        conn.execute(text(query("create_target_aggregate", defs=column_defs(spec), key=list(spec.key),
+    def create_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
+        conn.execute(text(query("create_target_aggregate", defs=column_defs(shape), key=list(spec.key),
                                 **target_names(spec))))
-        conn.execute(text(query("create_contributions", defs=column_defs(spec), key=list(spec.key),
+        conn.execute(text(query("create_contributions", defs=column_defs(shape), key=list(spec.key),
                                 key_index=f"{spec.name[:50]}_by_key", contributions=contributions_table(spec))))
 
-    def ensure_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        self.create_target(conn, spec)
-        evolve_target(conn, spec, lineage=(BATCH_ID,))
-        evolve_target(conn, spec, lineage=(BATCH_ID,), at=("ledger_aggregates", contributions_table(spec)))
+    def ensure_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
+        super().ensure_target(conn, spec, shape)  # groups: the batch id is their lineage (shape.lineage)
+        evolve_target(conn, spec, shape, at=("ledger_aggregates", contributions_table(spec)))
 
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> None:
-        names = self._names(spec, batch)
+    def publish(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch,
+                rows: str | None = None) -> None:
+        names = self._names(spec, shape, batch)
         conn.execute(text(query("insert_contributions", **names)))  # before a replay's recompute reads them
         if batch.kind == BatchKind.LIVE:
             merge = Fragment(", ".join(f"{quote_ident(m)} = " + _MERGE[how].format(c=quote_ident(m))
@@ -64,10 +64,10 @@ class Aggregate(TargetMode):
         conn.execute(text(query("recompute_groups", key_t=prefixed("t", spec.key), key_a=prefixed("a", spec.key),
                                 measures_agg=measures_merged(spec), **names)))
 
-    def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
+    def diff(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch):
         superseded = {"superseded": self.superseded(conn, spec, batch)}
         return conn.execute(text(query("aggregate_diff", measures_agg=measures_merged(spec), differs=measures_differ(spec),
-                                       **self._names(spec, batch))), superseded).one()
+                                       **self._names(spec, shape, batch))), superseded).one()
 
     def fold_history(self, conn: Connection, spec: PipelineSpec, through: int) -> tuple[int, bool]:
         """The folded batches' contributions merge into one per group: a replay can no longer take one batch's
@@ -95,9 +95,9 @@ class Aggregate(TargetMode):
         return sorted(delivering)
 
     @staticmethod
-    def _names(spec: PipelineSpec, batch: Batch) -> dict:
+    def _names(spec: PipelineSpec, shape: BatchShape, batch: Batch) -> dict:
         measures = [m for m, _ in spec.measures]
-        return dict(key=list(spec.key), measures=measures, columns=column_names(spec),
+        return dict(key=list(spec.key), measures=measures, columns=list(shape.names),
                     staging=batch.staging_table, contributions=contributions_table(spec), **target_names(spec))
 
 

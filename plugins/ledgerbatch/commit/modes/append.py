@@ -18,9 +18,9 @@ from ledgerbatch.errors import SpecError
 from ledgerbatch.ledger.batches import newest_committed_batch
 from ledgerbatch.model.batch import Batch, BatchKind
 from ledgerbatch.model.ranges import range_arrays
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
-from ledgerbatch.stage.tables import column_names
 
 
 def partition_name(table: str, batch_id: int) -> str:
@@ -37,11 +37,12 @@ def partitions_of(conn: Connection, spec: PipelineSpec) -> list[Partition]:
 class Append(TargetMode):
     rows_match_records = True
 
-    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        conn.execute(text(query("create_target_append", defs=target_defs(spec), **target_names(spec))))
+    def create_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
+        conn.execute(text(query("create_target_append", defs=target_defs(shape), **target_names(spec))))
 
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> int:
-        target = target_names(spec)
+    def publish(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch,
+                rows: str | None = None) -> int:
+        target, columns = target_names(spec), list(shape.names)
         staging, batch_id = batch.staging_table, batch.batch_id
         removed = 0
         if batch.kind != BatchKind.LIVE:
@@ -54,7 +55,7 @@ class Append(TargetMode):
             plan = plan_publish(batch_id, batch.rows_written, existing, spec.attach_min_rows or partitions.ATTACH_MIN_ROWS,
                                 newest_committed_batch(conn, spec.name))
         if plan is None or not plan.attach:
-            conn.execute(text(query("insert_append", staging=rows or staging, columns=column_names(spec), **target)))
+            conn.execute(text(query("insert_append", staging=rows or staging, columns=columns, **target)))
             return removed
         if not layout.can_attach:
             raise SpecError(f"target {spec.target_schema}.{spec.target_table}: this login may not add partitions to "
@@ -67,7 +68,7 @@ class Append(TargetMode):
         if rows is not None or layout.has_triggers:  # copied into an empty partition in the staging table's place
             conn.execute(text(query("create_partition", partition=partition, upper=upper, **target)),
                          {"batch_id": batch_id})
-            conn.execute(text(query("insert_append", staging=rows or staging, columns=column_names(spec), **target)))
+            conn.execute(text(query("insert_append", staging=rows or staging, columns=columns, **target)))
             return removed
         _align_staging(conn, target, staging)
         conn.execute(text(query("attach_partition", staging=staging, partition=partition, upper=upper, **target)),

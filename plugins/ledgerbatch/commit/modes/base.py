@@ -11,9 +11,9 @@ from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.inspection import target_violations
 from ledgerbatch.model.batch import Batch
 from ledgerbatch.model.ranges import range_arrays
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
-from ledgerbatch.stage.tables import column_names
 
 
 class TargetMode(ABC):
@@ -22,19 +22,21 @@ class TargetMode(ABC):
     #: every staged row stands for one record, so a row the target refuses can be quarantined as that record
     rows_are_records: bool = True
 
-    def ensure_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        """Create the target on first use, evolve it as the spec allows, refuse it if it disagrees."""
-        self.create_target(conn, spec)
-        evolve_target(conn, spec)
+    def ensure_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
+        """Create the target on first use, evolve it to the batch's shape as the spec allows, refuse it if it
+        disagrees."""
+        self.create_target(conn, spec, shape)
+        evolve_target(conn, spec, shape)
 
     @abstractmethod
-    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        """CREATE TABLE IF NOT EXISTS in this mode's shape."""
+    def create_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
+        """CREATE TABLE IF NOT EXISTS in this mode's layout, with the shape's columns."""
 
     @abstractmethod
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> int | None:
-        """Move the batch's staged good rows (ledger_staging.<batch.staging_table>) into the target. Where
-        rows match records (`rows_match_records`), a replay returns how many rows of earlier deliveries of
+    def publish(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch,
+                rows: str | None = None) -> int | None:
+        """Move the batch's staged good rows (ledger_staging.<batch.staging_table>, in `shape`) into the target.
+        Where rows match records (`rows_match_records`), a replay returns how many rows of earlier deliveries of
         its ranges it removed, for `verify`'s count. `rows` names a relation in ledger_staging holding part
         of the staged rows to publish instead (commit/rejects.py probes runs of rows); what a replay removes
         is still decided by the whole batch."""
@@ -52,9 +54,9 @@ class TargetMode(ABC):
         the older, as it would have."""
         return "_topic, _partition, _offset"
 
-    def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
+    def diff(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch):
         """A staged replay against the target, as (added, removed, changed, unchanged) rows."""
-        return conn.execute(text(query("replay_diff", staging=batch.staging_table, columns=column_names(spec),
+        return conn.execute(text(query("replay_diff", staging=batch.staging_table, columns=list(shape.names),
                                        **target_names(spec))), range_arrays(batch.ranges)).one()
 
     def violations(self, conn: Connection, spec: PipelineSpec) -> list[str]:

@@ -14,14 +14,13 @@ from sqlalchemy.engine import Connection
 
 from ledgerbatch.commit.modes.base import TargetMode, prefixed, target_names
 from ledgerbatch.commit.target import evolve_target, table_exists, target_defs
-from ledgerbatch.formats.schema import LINEAGE
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.inspection import deleted_key_violations
 from ledgerbatch.model.batch import Batch, BatchKind
 from ledgerbatch.model.ranges import range_arrays
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
-from ledgerbatch.stage.tables import column_names
 
 
 # What a change pipeline's winning changes (lb_last_changes) do, in order (sql/queries/mode_upsert.sql).
@@ -31,40 +30,41 @@ APPLY_CHANGES = ("apply_deletes", "apply_upserts", "forget_deletes", "record_del
 class Upsert(TargetMode):
     rows_match_records = False  # several records of one key make one row
 
-    def create_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        conn.execute(text(query("create_target_upsert", defs=target_defs(spec), key=list(spec.key),
+    def create_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
+        conn.execute(text(query("create_target_upsert", defs=target_defs(shape), key=list(spec.key),
                                 **target_names(spec))))
         if spec.changes:
-            conn.execute(text(query("create_deletes", defs=target_defs(spec), key=list(spec.key),
+            conn.execute(text(query("create_deletes", defs=target_defs(shape), key=list(spec.key),
                                     deletes=deletes_table(spec))))
 
-    def ensure_target(self, conn: Connection, spec: PipelineSpec) -> None:
-        super().ensure_target(conn, spec)
+    def ensure_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
+        super().ensure_target(conn, spec, shape)
         if spec.changes:
-            evolve_target(conn, spec, at=("ledger_deletes", deletes_table(spec)))
+            evolve_target(conn, spec, shape, at=("ledger_deletes", deletes_table(spec)))
 
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> None:
+    def publish(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch,
+                rows: str | None = None) -> None:
         if spec.changes:
-            return self._publish_changes(conn, spec, batch, set_list(spec), rows)
+            return self._publish_changes(conn, spec, shape, batch, rows)
         if batch.kind != BatchKind.LIVE:
             conn.execute(text(query("replay_drop_stale", staging=batch.staging_table, match_t=match_key("t", spec.key),
                                     **target_names(spec))), range_arrays(batch.ranges))
         sql = query("insert_upsert" if batch.kind == BatchKind.LIVE else "replay_upsert", key=list(spec.key),
-                    set_list=set_list(spec), staging=rows or batch.staging_table, columns=column_names(spec),
+                    set_list=set_list(shape), staging=rows or batch.staging_table, columns=list(shape.names),
                     **target_names(spec))
         conn.execute(text(sql), range_arrays(batch.ranges))
 
-    def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
+    def diff(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch):
         """A dry run by key, as the replay would decide: a change pipeline's winning changes add or change
         rows (or leave them unchanged), its deletes remove them; a plain pipeline's last row per key does,
         and rows of the ranges whose key it no longer gives are removed."""
-        columns = column_names(spec)
+        columns = shape.names
         if not spec.changes:
             return conn.execute(text(query("upsert_replay_diff", key=list(spec.key), staging=batch.staging_table,
                                            columns_c=prefixed("c", columns), columns_t=prefixed("t", columns),
                                            match_t=match_key("t", spec.key), **target_names(spec))),
                                 range_arrays(batch.ranges)).one()
-        names = self._change_names(spec, batch, Fragment(""))
+        names = self._change_names(spec, shape, batch, Fragment(""))
         conn.execute(text(query("last_changes", **names)), {"live": False, **range_arrays(batch.ranges)})
         diff = conn.execute(text(query("changes_diff", columns_c=prefixed("c", columns),
                                        columns_t=prefixed("t", columns), **names))).one()
@@ -87,11 +87,11 @@ class Upsert(TargetMode):
         return problems
 
     @staticmethod
-    def _publish_changes(conn: Connection, spec: PipelineSpec, batch: Batch, set_list: Fragment,
+    def _publish_changes(conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch,
                          rows: str | None) -> None:
         """Each key's last change that wins (last_changes) deletes or upserts its row, and moves the key
         out of or into the pipeline's deletes."""
-        names = Upsert._change_names(spec, batch, set_list)
+        names = Upsert._change_names(spec, shape, batch, set_list(shape))
         if batch.kind != BatchKind.LIVE:
             conn.execute(text(query("replay_drop_stale_changes", **names)), range_arrays(batch.ranges))
         conn.execute(text(query("last_changes", **(names | {"staging": rows or batch.staging_table}))),
@@ -100,16 +100,16 @@ class Upsert(TargetMode):
             conn.execute(text(query(step, **names)))
 
     @staticmethod
-    def _change_names(spec: PipelineSpec, batch: Batch, set_list: Fragment) -> dict:
+    def _change_names(spec: PipelineSpec, shape: BatchShape, batch: Batch, set_list: Fragment) -> dict:
         kept = list(spec.key) + ([spec.version_by] if spec.version_by else [])  # what a delete keeps
-        return dict(key=list(spec.key), columns=column_names(spec), staging=batch.staging_table,
+        return dict(key=list(spec.key), columns=list(shape.names), staging=batch.staging_table,
                     deletes=deletes_table(spec), match_t=match_key("t", spec.key), match_d=match_key("d", spec.key),
                     set_list=set_list, kept=kept, kept_excluded=prefixed("EXCLUDED", kept), **target_names(spec))
 
 
-def set_list(spec: PipelineSpec) -> Fragment:
-    """An upsert's `SET col = EXCLUDED.col, ...`: the spec's columns and the lineage."""
-    updated = column_names(spec) + [c.name for c in LINEAGE]
+def set_list(shape: BatchShape) -> Fragment:
+    """An upsert's `SET col = EXCLUDED.col, ...`: the shape's columns and the lineage."""
+    updated = list(shape.names) + [c.name for c in shape.lineage]
     return Fragment(", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updated))
 
 

@@ -19,13 +19,14 @@ from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import record_set_aside
 from ledgerbatch.model.batch import Batch, BatchKind
 from ledgerbatch.model.ranges import range_arrays
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
-from ledgerbatch.stage.tables import column_names
 
 class VersionedUpsert(Upsert):
-    def publish(self, conn: Connection, spec: PipelineSpec, batch: Batch, rows: str | None = None) -> None:
-        names = self._names(spec, batch)
+    def publish(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch,
+                rows: str | None = None) -> None:
+        names = self._names(spec, shape, batch)
         if batch.kind != BatchKind.LIVE:  # rows of the ranges whose records no longer give them go first
             conn.execute(text(query("replay_drop_stale_changes" if spec.changes else "replay_drop_stale", **names)),
                          range_arrays(batch.ranges))
@@ -45,19 +46,19 @@ class VersionedUpsert(Upsert):
         return ", ".join([quote_ident(k) for k in spec.key] + [quote_ident(spec.version_by), "_offset",
                                                                   "_partition", "_topic"])
 
-    def diff(self, conn: Connection, spec: PipelineSpec, batch: Batch):
-        names = self._names(spec, batch)
-        columns = column_names(spec)
+    def diff(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch):
+        names = self._names(spec, shape, batch)
+        columns = shape.names
         conn.execute(text(query("newest_changes" if spec.changes else "newest_rows", **names)))
         diff = conn.execute(text(query("versioned_diff", columns_c=prefixed("c", columns),
                                        columns_t=prefixed("t", columns), **names)), range_arrays(batch.ranges)).one()
         conn.execute(text(query("drop_last_changes")))
         return diff
 
-    def _names(self, spec: PipelineSpec, batch: Batch) -> dict:
+    def _names(self, spec: PipelineSpec, shape: BatchShape, batch: Batch) -> dict:
         version = quote_ident(spec.version_by)
         changes = spec.changes
-        return self._change_names(spec, batch, set_list(spec)) | dict(
+        return self._change_names(spec, shape, batch, set_list(shape)) | dict(
             version=spec.version_by,
             newest=Fragment(f"{version} DESC NULLS LAST, _offset DESC, _partition DESC, _topic DESC"),
             is_change=Fragment("s._change <> 's'" if changes else "true"),
