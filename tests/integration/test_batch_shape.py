@@ -21,7 +21,7 @@ COLUMNS = "SELECT column_name FROM information_schema.columns WHERE table_schema
 PIPELINES = {
     "plain": {},
     "metadata": {"source__metadata": ["timestamp"]},
-    "query": {"transform": "SELECT amount, order_id, _offset, _partition, _topic, upper(customer) AS who "
+    "query": {"transform": "SELECT amount, order_id, _topic, _partition, _offset, upper(customer) AS who "
                            "FROM batch WHERE amount > 0"},
     "aggregate": AGGREGATE,
 }

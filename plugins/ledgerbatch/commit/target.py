@@ -13,7 +13,6 @@ from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
-from ledgerbatch.stage.tables import column_defs
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +20,7 @@ log = logging.getLogger(__name__)
 def target_defs(shape: BatchShape) -> Fragment:
     """A target's columns: the shape's, then the lineage, which is never NULL."""
     lineage = [f"{quote_ident(c.name)} {c.pg_type} NOT NULL" for c in shape.lineage]
-    return Fragment(",\n    ".join([column_defs(shape)] + lineage))
+    return Fragment(",\n    ".join([shape.column_defs] + lineage))
 
 
 def lock_target(conn: Connection, spec: PipelineSpec) -> None:

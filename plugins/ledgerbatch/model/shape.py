@@ -10,7 +10,6 @@ reconcile, publish, diff all read this).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ledgerbatch.errors import SpecError
 from ledgerbatch.formats.schema import (
@@ -22,9 +21,7 @@ from ledgerbatch.formats.schema import (
     parse_schema,
     schema_ddl,
 )
-
-if TYPE_CHECKING:
-    from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.identifiers import quote_ident
 
 CHANGE_TYPE = "text"  # a change pipeline's `_change` column ('u', 'd' or 's')
 
@@ -34,7 +31,8 @@ class BatchShape:
     """`columns`: the target's columns before lineage, in order. `changes`: staged rows are changes and carry
     `_change`. `groups`: rows are groups (mode aggregate): no coordinates, the batch id is their only
     lineage. `output_schema`: a query's output as Spark analysed it, as the ledger records it (None: a
-    plain pipeline's shape is its spec's)."""
+    plain pipeline's shape is its spec's). The builders take a PipelineSpec (not imported: model/ sits
+    below spec/)."""
     columns: tuple[Column, ...]
     key: tuple[str, ...] = ()
     version: str | None = None
@@ -43,18 +41,18 @@ class BatchShape:
     output_schema: str | None = None
 
     @classmethod
-    def of_spec(cls, spec: PipelineSpec) -> BatchShape:
+    def of_spec(cls, spec) -> BatchShape:
         """A plain pipeline's: the schema's columns, then the metadata it asks for."""
         return cls(spec.stored_columns, spec.key, spec.version_by, spec.changes, spec.mode == "aggregate")
 
     @classmethod
-    def of_output(cls, spec: PipelineSpec, output: tuple[Column, ...]) -> BatchShape:
+    def of_output(cls, spec, output: tuple[Column, ...]) -> BatchShape:
         """A query pipeline's: the query's output, whose coordinates are lineage."""
         columns = tuple(c for c in output if c.name not in COORDINATE_NAMES)
         return cls(columns, spec.key, spec.version_by, spec.changes, spec.mode == "aggregate", schema_ddl(output))
 
     @classmethod
-    def recorded(cls, spec: PipelineSpec, output_schema: str | None) -> BatchShape:
+    def recorded(cls, spec, output_schema: str | None) -> BatchShape:
         """The shape a staged batch was staged in, from what its ledger row recorded."""
         if spec.query is None:
             return cls.of_spec(spec)
@@ -67,6 +65,11 @@ class BatchShape:
     def names(self) -> tuple[str, ...]:
         """The target's column names before lineage, in order."""
         return tuple(c.name for c in self.columns)
+
+    @property
+    def column_defs(self) -> str:
+        """The columns as DDL (`"name" type`, one a line), names validated and quoted."""
+        return ",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in self.columns)
 
     @property
     def staged_names(self) -> tuple[str, ...]:

@@ -10,7 +10,6 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import finished_staging_tables, staged_read_statement
 from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.model.statements import StagingStatements
@@ -24,12 +23,8 @@ def staging_name(batch_id: int, attempt: int) -> str:
     return f"b{batch_id}_a{attempt}"
 
 
-def column_defs(shape: BatchShape) -> Fragment:
-    return Fragment(",\n    ".join(f"{quote_ident(c.name)} {c.pg_type}" for c in shape.columns))
-
-
 def staging_defs(shape: BatchShape) -> Fragment:
-    defs = column_defs(shape)
+    defs = Fragment(shape.column_defs)
     if shape.changes:  # a delete row holds only the key, a skipped record (a tombstone) nothing but lineage
         return Fragment(f"{defs},\n    \"_change\" text NOT NULL CHECK (\"_change\" IN ('u', 'd', 's'))")
     return defs
@@ -78,7 +73,7 @@ class StagingTables:
     def create(self, conn: Connection, shape: BatchShape, batch_id: int) -> None:
         """The table of good rows (an aggregate's: of groups, one per key) and of bad records."""
         if shape.groups:
-            conn.execute(text(query("create_staging_groups", staging=self.name, defs=column_defs(shape),
+            conn.execute(text(query("create_staging_groups", staging=self.name, defs=Fragment(shape.column_defs),
                                     key=list(shape.key))), {"batch_id": batch_id})
         else:
             conn.execute(text(query("create_staging", staging=self.name, defs=staging_defs(shape))),

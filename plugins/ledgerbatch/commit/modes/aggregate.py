@@ -23,7 +23,6 @@ from ledgerbatch.model.ranges import covers
 from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
-from ledgerbatch.stage.tables import column_defs
 
 _MERGE = {"sum": "COALESCE(t.{c} + EXCLUDED.{c}, t.{c}, EXCLUDED.{c})",
           "min": "LEAST(t.{c}, EXCLUDED.{c})", "max": "GREATEST(t.{c}, EXCLUDED.{c})"}
@@ -38,9 +37,9 @@ class Aggregate(TargetMode):
     rows_are_records = False  # a group the target refuses stands for records nobody can name: it fails the batch
 
     def create_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
-        conn.execute(text(query("create_target_aggregate", defs=column_defs(shape), key=list(spec.key),
+        conn.execute(text(query("create_target_aggregate", defs=Fragment(shape.column_defs), key=list(spec.key),
                                 **target_names(spec))))
-        conn.execute(text(query("create_contributions", defs=column_defs(shape), key=list(spec.key),
+        conn.execute(text(query("create_contributions", defs=Fragment(shape.column_defs), key=list(spec.key),
                                 key_index=f"{spec.name[:50]}_by_key", contributions=contributions_table(spec))))
 
     def ensure_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
