@@ -21,7 +21,6 @@ from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_committed,
 from ledgerbatch.ledger.cursors import advance_cursor, range_kind
 from ledgerbatch.ledger.quarantine import clear_quarantine, quarantine_staged
 from ledgerbatch.model.batch import BatchKind, BatchStatus, RangeRefused
-from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.model.reconcile import (
     Counts,
     check_error_budget,
@@ -30,6 +29,7 @@ from ledgerbatch.model.reconcile import (
     reconcile_ranges,
     set_aside_counts,
 )
+from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec, check_version
 from ledgerbatch.stage.tables import StagingTables, drop_finished_staging
 
