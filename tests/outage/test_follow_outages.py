@@ -73,6 +73,11 @@ class Run:
         self.waves += waves
         self.producing.start()
 
+    def more(self, waves: int) -> None:
+        """`waves` more waves once the current ones are produced."""
+        self.producing.join(timeout=120)
+        self.produce(waves)
+
     def _produce(self, first: int, last: int) -> None:
         for wave in range(first, last):
             self.acked += produce(self.broker.bootstrap_servers, self.p.topic,
@@ -207,8 +212,10 @@ def test_follow_rides_through_immediate_restarts_of_its_database(database, broke
         run.wait_committed(direct, 2500)
         # A batch's COMMIT reaches the server and its reply never reaches the runner.
         proxy.cut_after(b"COMMIT\x00", prelude=b"SET status = 'committed'")
+        run.more(5)  # orders still to come, so that a commit loses its reply
         time.sleep(random.uniform(0.5, 1.5))
         pg.restart()  # 3: at a random point
+        run.more(5)  # and after it: an outage it starts must end before the test does
         scraped = run.finish(direct, db_url)
     assert proxy.cuts == 1
     # The commit's two losses are outages; a restart while the follower is between statements may pass
