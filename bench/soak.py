@@ -1,21 +1,26 @@
 """History soak (#42): months of small batches in an hour, with compaction and bounded partitions on.
 
-    python -m bench.soak [--batches 10000] [--compact-after 60] [--sample-every 15] [--max-minutes M] [--docs docs]
+    python -m bench.soak [--batches 10000] [--base-records 1000000] [--compact-after 20] [--sample-every 10]
+                         [--max-minutes M] [--docs docs]
 
 One append pipeline (every batch attached as a partition of its own: the worst case for the partition count,
-`target.partitions: {attach_min_rows: 1}`, at most 16) and one upsert pipeline (1,000 keys) follow a trickle of
-orders on real Apache Kafka, each through `ledgerbatch run --follow` as users run it, with
+`target.partitions: {attach_min_rows: 1}`, at most 16) and one upsert pipeline (1,000 keys) follow a trickle
+of orders on real Apache Kafka, each through `ledgerbatch run --follow` as users run it, with
 `history.compact_after` and `errors.quarantine_retention` of `--compact-after` seconds and upkeep every
-`--compact-after / 2` seconds: each minute stands for a month. Every `--sample-every` seconds the harness
-samples, per pipeline: the target lookup by source coordinates and the `count(*) WHERE customer = ...`
+`--compact-after / 2` seconds: each minute stands for a month. The append target starts from what months left
+it (`--base-records` orders in the topic before the followers start, delivered by the append pipeline's first
+batches, one per partition the bound allows, and attached as partitions like any other), so that what the data costs a query is nearly the same at
+the first thousand batches as at the last and what grows is the history. Every `--sample-every` seconds the
+harness samples, per pipeline: the target lookup by source coordinates and the `count(*) WHERE customer = ...`
 (wall and planning time), the ledger's size in bytes and rows, the target's partitions and `verify`'s time;
-the followers' `phase` lines give plan and commit time per batch. `verify` is timed whole and for its
-ledger part alone: its target part reads every target row, so it grows with the data (the append
-target's rows), not with the history. Where the server runs without autovacuum, the harness vacuums the
-targets and the system catalogs before each sample, as autovacuum would (compaction vacuums the ledger itself). It stops once each pipeline has committed
-`--batches`, checks exactly once (every produced record a row or quarantined, `verify` clean) and reports
-each series' first and last thousand batches (medians). Prints one JSON document; with --docs, writes
-soak.png there (with --out, every sample in soak.json). Its database is prefixed `lb_soak_` and dropped at the end.
+the followers' `phase` lines give plan and commit time per batch. `verify` is timed whole and for its ledger
+part alone: its target part reads every target row, so it grows with the data (the append target's rows), not
+with the history. Where the server runs without autovacuum, the harness does its work before each sample with
+autovacuum's thresholds: it vacuums and analyzes the target tables (partitions) that changed enough, and
+vacuums the system catalogs (compaction vacuums the ledger itself). It stops once each pipeline has committed
+`--batches`, checks exactly once (every produced record a row or quarantined, `verify` clean) and reports each
+series' first and last thousand batches (medians). Prints one JSON document; with --docs, writes soak.png
+there (with --out, every sample in soak.json). Its database is prefixed `lb_soak_` and dropped at the end.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 
 from .common import BIN, DB_PREFIX, REPO, SERVER_URL, BrokerProcess, child_env, fresh_database  # noqa: E402
 from .lb import migrate, phases  # noqa: E402
+from ledgerbatch.commit.modes.partitions import MAX_PARTITIONS  # noqa: E402
 from ledgerbatch.dev.demodata import order  # noqa: E402
 from ledgerbatch.ledger.inspection import violations  # noqa: E402
 from ledgerbatch.ops.verify import verify  # noqa: E402
@@ -57,14 +63,16 @@ LEDGER_TABLES = ("batches", "batch_ranges", "quarantine", "checkpoints", "compac
                  "end_offsets")
 
 
-def write_specs(directory: Path, compact_after: float) -> None:
+def write_specs(directory: Path, compact_after: float, base: int) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name, target in PIPELINES.items():
         doc = {"name": name,
                "source": {"topics": [name], "format": "json",
                           "schema": "order_id STRING, customer STRING, amount DECIMAL(12,2), ts TIMESTAMP"},
                "target": {"table": f"public.{name}", **target},
-               "batch": {"max_records": 200},
+               # The base arrives in as many big batches as the target keeps partitions: it starts as months
+               # leave it, every partition full, not a few big ones beside a dozen nearly empty.
+               "batch": {"max_records": max(200, -(-base // MAX_PARTITIONS)) if name == "soak_append" else 200},
                "errors": {"policy": "quarantine", "max_ratio": 0.5, "quarantine_retention": f"{compact_after:g}s"},
                "history": {"compact_after": f"{compact_after:g}s"}}
         (directory / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -98,6 +106,41 @@ class Trickle(threading.Thread):
         self.producer = None  # gone before the broker is: no reconnect noise
 
 
+def produce_base(bootstrap: str, records: int, partitions: int) -> None:
+    """The append topic's first `records` orders (none of them poison), before any follower starts."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
+                         "queue.buffering.max.messages": 1_000_000, "log_level": 3})
+    for i in range(records):
+        while True:
+            try:
+                producer.produce("soak_append", value=order(i), partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(120) == 0
+
+
+def autovacuum_work(conn) -> None:
+    """What autovacuum would do now with its default thresholds: VACUUM where dead rows passed 50 + 20% of
+    the table, ANALYZE where changes passed 50 + 10% (leaf tables only, as autovacuum never analyzes a
+    partitioned parent); and the system catalogs, which every attach and merge adds rows to and drops them from."""
+    due = conn.execute(text(
+        "SELECT format('%I.%I', s.schemaname, s.relname), n_dead_tup > 50 + 0.2 * c.reltuples, "
+        "       n_mod_since_analyze > 50 + 0.1 * greatest(c.reltuples, 0) "
+        "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+        "WHERE s.schemaname = 'public' AND (s.relname LIKE 'soak\\_%' OR c.relispartition)")).all()
+    for table, dead, changed in due:
+        if dead or changed:
+            conn.execute(text(f"VACUUM {'(ANALYZE) ' if changed else ''}{table}"))
+    conn.execute(text(f"VACUUM (ANALYZE) {CATALOGS}"))
+
+
+def timed(f, *args) -> float:
+    started = time.monotonic()
+    f(*args)
+    return time.monotonic() - started
+
+
 def timed_plan(conn, sql: str, **params) -> tuple[float, float]:
     """(wall ms, planning ms) of one query, from EXPLAIN ANALYZE."""
     plan = conn.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"), params).scalar_one()[0]
@@ -109,9 +152,7 @@ def sample(engine, specs: dict, started: float, autovacuum: bool) -> dict:
     # Autocommit: a transaction held across the samples would keep the target from the followers' commits.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if not autovacuum:  # this machine's server runs without it: do its work, as it would
-            for name in PIPELINES:
-                conn.execute(text(f"VACUUM (ANALYZE) public.{name}"))
-            conn.execute(text(f"VACUUM (ANALYZE) {CATALOGS}"))  # every attach and merge adds and drops tables
+            autovacuum_work(conn)
         sizes = conn.execute(text(" UNION ALL ".join(
             f"SELECT '{t}', pg_total_relation_size('ledger.{t}'), (SELECT count(*) FROM ledger.{t})"
             for t in LEDGER_TABLES))).all()
@@ -128,10 +169,8 @@ def sample(engine, specs: dict, started: float, autovacuum: bool) -> dict:
                                  c=f"c-{random.randrange(9973):04d}") for _ in range(5)]
             partitions = conn.execute(text("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(:t)"),
                                       {"t": f"public.{name}"}).scalar_one()
-            ledger_started = time.monotonic()
-            violations(conn, name)  # verify's ledger part: what history costs it
+            ledger_s = statistics.median(timed(violations, conn, name) for _ in range(5))  # what history costs verify
             verify_started = time.monotonic()
-            ledger_s = verify_started - ledger_started
             problems = verify(engine, specs[name])
             out[name] = {"batches": done, "partitions": partitions,
                          "lookup_ms": statistics.median(w for w, _ in lookups),
@@ -139,7 +178,7 @@ def sample(engine, specs: dict, started: float, autovacuum: bool) -> dict:
                          "count_ms": statistics.median(w for w, _ in counts),
                          "count_planning_ms": statistics.median(p for _, p in counts),
                          "verify_s": round(time.monotonic() - verify_started, 4), "violations": len(problems),
-                         "verify_ledger_s": round(ledger_s, 4),
+                         "verify_ledger_s": round(ledger_s, 5),
                          "target_rows": conn.execute(text(f"SELECT count(*) FROM public.{name}")).scalar_one()}
     return out
 
@@ -185,7 +224,7 @@ def soak(args) -> dict:
     url = fresh_database(f"{DB_PREFIX}history")
     env = child_env(LEDGERBATCH_DB_URL=url, KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
                     LEDGERBATCH_PIPELINES_DIR=str(workdir))
-    write_specs(workdir, args.compact_after)
+    write_specs(workdir, args.compact_after, args.base_records)
     migrate(env)
     specs = {name: load_spec(workdir, name) for name in PIPELINES}
     engine = create_engine(url)
@@ -193,23 +232,26 @@ def soak(args) -> dict:
         autovacuum = conn.execute(text("SHOW autovacuum")).scalar_one() == "on"
     trickle = Trickle(broker.bootstrap, args.rate, args.partitions)
     followers, logs, samples = {}, {}, []
+    produce_base(broker.bootstrap, args.base_records, args.partitions)
+    trickle.sent["soak_append"] += args.base_records
     started = time.monotonic()
     try:
-        trickle.start()
         for name in PIPELINES:
             logs[name] = workdir / f"{name}.log"
             followers[name] = subprocess.Popen(
                 [str(BIN / "ledgerbatch"), "run", name, "--follow", "--idle-seconds", "0.02",
                  "--upkeep-seconds", f"{args.compact_after / 2:g}", "--master", "local[1]"],
                 env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=logs[name].open("w"), start_new_session=True)
+        while delivered(engine, "soak_append") < args.base_records:  # the base, before the trickle begins
+            alive(followers, logs)
+            time.sleep(0.5)
+        trickle.start()
         while not all(exists(engine, name) for name in PIPELINES):  # each follower's first batch made its target
+            alive(followers, logs)
             time.sleep(0.5)
         while True:
             time.sleep(args.sample_every)
-            for name, proc in followers.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name}: the follower exited ({proc.returncode}): "
-                                       f"{logs[name].read_text()[-2000:]}")
+            alive(followers, logs)
             samples.append(sample(engine, specs, started, autovacuum))
             print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
             if all(samples[-1][name]["batches"] >= args.batches for name in PIPELINES):
@@ -241,16 +283,25 @@ def soak(args) -> dict:
             "samples": samples, "per_batch_plan_commit_s": per_batch}
 
 
+def alive(followers: dict, logs: dict) -> None:
+    for name, proc in followers.items():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name}: the follower exited ({proc.returncode}): {logs[name].read_text()[-2000:]}")
+
+
 def exists(engine, name: str) -> bool:
     with engine.connect() as conn:
         return conn.execute(text("SELECT to_regclass(:t) IS NOT NULL"), {"t": f"public.{name}"}).scalar_one()
 
 
-def caught_up(engine, trickle: Trickle) -> bool:
+def delivered(engine, name: str) -> int:
     with engine.connect() as conn:
-        return all(conn.execute(text("SELECT coalesce(sum(next_offset - start_offset), 0) FROM ledger.cursors "
-                                     "WHERE pipeline = :p"), {"p": name}).scalar_one() == trickle.sent[name]
-                   for name in PIPELINES)
+        return conn.execute(text("SELECT coalesce(sum(next_offset - start_offset), 0) FROM ledger.cursors "
+                                 "WHERE pipeline = :p"), {"p": name}).scalar_one()
+
+
+def caught_up(engine, trickle: Trickle) -> bool:
+    return all(delivered(engine, name) == trickle.sent[name] for name in PIPELINES)
 
 
 def exactly_once(engine, specs: dict, trickle: Trickle) -> dict:
@@ -277,9 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=1000, help="first and last this many batches are compared")
     p.add_argument("--rate", type=float, default=60.0, help="records a second into each topic (default 60)")
     p.add_argument("--partitions", type=int, default=1, help="of each topic (default 1: a batch is one Spark task)")
-    p.add_argument("--compact-after", type=float, default=60.0, metavar="S",
-                   help="history.compact_after and errors.quarantine_retention, in seconds (default 60)")
-    p.add_argument("--sample-every", type=float, default=15.0, metavar="S")
+    p.add_argument("--base-records", type=int, default=1_000_000, metavar="N",
+                   help="orders in the append target before the trickle begins (default 1,000,000)")
+    p.add_argument("--compact-after", type=float, default=20.0, metavar="S",
+                   help="history.compact_after and errors.quarantine_retention, in seconds (default 20)")
+    p.add_argument("--sample-every", type=float, default=10.0, metavar="S")
     p.add_argument("--max-minutes", type=float, help="stop sampling after this long even if --batches is not reached")
     p.add_argument("--out", type=Path, help="write the whole result (every sample) here as soak.json")
     p.add_argument("--docs", type=Path, help="write soak.png here")
