@@ -37,9 +37,9 @@ class Aggregate(TargetMode):
     rows_are_records = False  # a group the target refuses stands for records nobody can name: it fails the batch
 
     def create_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
-        conn.execute(text(query("create_target_aggregate", defs=Fragment(shape.column_defs), key=list(spec.key),
+        conn.execute(text(query("create_target_aggregate", defs=Fragment(shape.column_defs), key=list(shape.key),
                                 **target_names(spec))))
-        conn.execute(text(query("create_contributions", defs=Fragment(shape.column_defs), key=list(spec.key),
+        conn.execute(text(query("create_contributions", defs=Fragment(shape.column_defs), key=list(shape.key),
                                 key_index=f"{spec.name[:50]}_by_key", contributions=contributions_table(spec))))
 
     def ensure_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
@@ -60,7 +60,7 @@ class Aggregate(TargetMode):
         conn.execute(text(query("note_affected_groups", **names)), superseded)
         conn.execute(text(query("delete_contributions", **names)), superseded)
         # The new contribution is in, the superseded ones are out: recompute what either touched.
-        conn.execute(text(query("recompute_groups", key_t=prefixed("t", spec.key), key_a=prefixed("a", spec.key),
+        conn.execute(text(query("recompute_groups", key_t=prefixed("t", shape.key), key_a=prefixed("a", shape.key),
                                 measures_agg=measures_merged(spec), **names)))
 
     def diff(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch):
@@ -96,7 +96,7 @@ class Aggregate(TargetMode):
     @staticmethod
     def _names(spec: PipelineSpec, shape: BatchShape, batch: Batch) -> dict:
         measures = [m for m, _ in spec.measures]
-        return dict(key=list(spec.key), measures=measures, columns=list(shape.names),
+        return dict(key=list(shape.key), measures=measures, columns=list(shape.names),
                     staging=batch.staging_table, contributions=contributions_table(spec), **target_names(spec))
 
 

@@ -31,25 +31,25 @@ class Upsert(TargetMode):
     rows_match_records = False  # several records of one key make one row
 
     def create_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
-        conn.execute(text(query("create_target_upsert", defs=target_defs(shape), key=list(spec.key),
+        conn.execute(text(query("create_target_upsert", defs=target_defs(shape), key=list(shape.key),
                                 **target_names(spec))))
-        if spec.changes:
-            conn.execute(text(query("create_deletes", defs=target_defs(shape), key=list(spec.key),
+        if shape.changes:
+            conn.execute(text(query("create_deletes", defs=target_defs(shape), key=list(shape.key),
                                     deletes=deletes_table(spec))))
 
     def ensure_target(self, conn: Connection, spec: PipelineSpec, shape: BatchShape) -> None:
         super().ensure_target(conn, spec, shape)
-        if spec.changes:
+        if shape.changes:
             evolve_target(conn, spec, shape, at=("ledger_deletes", deletes_table(spec)))
 
     def publish(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch,
                 rows: str | None = None) -> None:
-        if spec.changes:
+        if shape.changes:
             return self._publish_changes(conn, spec, shape, batch, rows)
         if batch.kind != BatchKind.LIVE:
-            conn.execute(text(query("replay_drop_stale", staging=batch.staging_table, match_t=match_key("t", spec.key),
+            conn.execute(text(query("replay_drop_stale", staging=batch.staging_table, match_t=match_key("t", shape.key),
                                     **target_names(spec))), range_arrays(batch.ranges))
-        sql = query("insert_upsert" if batch.kind == BatchKind.LIVE else "replay_upsert", key=list(spec.key),
+        sql = query("insert_upsert" if batch.kind == BatchKind.LIVE else "replay_upsert", key=list(shape.key),
                     set_list=set_list(shape), staging=rows or batch.staging_table, columns=list(shape.names),
                     **target_names(spec))
         conn.execute(text(sql), range_arrays(batch.ranges))
@@ -59,10 +59,10 @@ class Upsert(TargetMode):
         rows (or leave them unchanged), its deletes remove them; a plain pipeline's last row per key does,
         and rows of the ranges whose key it no longer gives are removed."""
         columns = shape.names
-        if not spec.changes:
-            return conn.execute(text(query("upsert_replay_diff", key=list(spec.key), staging=batch.staging_table,
+        if not shape.changes:
+            return conn.execute(text(query("upsert_replay_diff", key=list(shape.key), staging=batch.staging_table,
                                            columns_c=prefixed("c", columns), columns_t=prefixed("t", columns),
-                                           match_t=match_key("t", spec.key), **target_names(spec))),
+                                           match_t=match_key("t", shape.key), **target_names(spec))),
                                 range_arrays(batch.ranges)).one()
         names = self._change_names(spec, shape, batch, Fragment(""))
         conn.execute(text(query("last_changes", **names)), {"live": False, **range_arrays(batch.ranges)})
@@ -101,9 +101,9 @@ class Upsert(TargetMode):
 
     @staticmethod
     def _change_names(spec: PipelineSpec, shape: BatchShape, batch: Batch, set_list: Fragment) -> dict:
-        kept = list(spec.key) + ([spec.version_by] if spec.version_by else [])  # what a delete keeps
-        return dict(key=list(spec.key), columns=list(shape.names), staging=batch.staging_table,
-                    deletes=deletes_table(spec), match_t=match_key("t", spec.key), match_d=match_key("d", spec.key),
+        kept = list(shape.key) + ([shape.version] if shape.version else [])  # what a delete keeps
+        return dict(key=list(shape.key), columns=list(shape.names), staging=batch.staging_table,
+                    deletes=deletes_table(spec), match_t=match_key("t", shape.key), match_d=match_key("d", shape.key),
                     set_list=set_list, kept=kept, kept_excluded=prefixed("EXCLUDED", kept), **target_names(spec))
 
 

@@ -28,11 +28,11 @@ class VersionedUpsert(Upsert):
                 rows: str | None = None) -> None:
         names = self._names(spec, shape, batch)
         if batch.kind != BatchKind.LIVE:  # rows of the ranges whose records no longer give them go first
-            conn.execute(text(query("replay_drop_stale_changes" if spec.changes else "replay_drop_stale", **names)),
+            conn.execute(text(query("replay_drop_stale_changes" if shape.changes else "replay_drop_stale", **names)),
                          range_arrays(batch.ranges))
-        conn.execute(text(query("newest_changes" if spec.changes else "newest_rows",
+        conn.execute(text(query("newest_changes" if shape.changes else "newest_rows",
                                 **(names | {"staging": rows or batch.staging_table}))))
-        for step in APPLY_CHANGES if spec.changes else ("apply_upserts",):
+        for step in APPLY_CHANGES if shape.changes else ("apply_upserts",):
             conn.execute(text(query(step, **names)))
         if rows is None:  # the batch's publish, not a probe of some of its rows (commit/rejects.py)
             by_range = conn.execute(text(query("superseded_by_range", **names))).all()
@@ -49,17 +49,17 @@ class VersionedUpsert(Upsert):
     def diff(self, conn: Connection, spec: PipelineSpec, shape: BatchShape, batch: Batch):
         names = self._names(spec, shape, batch)
         columns = shape.names
-        conn.execute(text(query("newest_changes" if spec.changes else "newest_rows", **names)))
+        conn.execute(text(query("newest_changes" if shape.changes else "newest_rows", **names)))
         diff = conn.execute(text(query("versioned_diff", columns_c=prefixed("c", columns),
                                        columns_t=prefixed("t", columns), **names)), range_arrays(batch.ranges)).one()
         conn.execute(text(query("drop_last_changes")))
         return diff
 
     def _names(self, spec: PipelineSpec, shape: BatchShape, batch: Batch) -> dict:
-        version = quote_ident(spec.version_by)
-        changes = spec.changes
+        version = quote_ident(shape.version)
+        changes = shape.changes
         return self._change_names(spec, shape, batch, set_list(shape)) | dict(
-            version=spec.version_by,
+            version=shape.version,
             newest=Fragment(f"{version} DESC NULLS LAST, _offset DESC, _partition DESC, _topic DESC"),
             is_change=Fragment("s._change <> 's'" if changes else "true"),
             is_change_c=Fragment("c._change <> 's'" if changes else "true"),
