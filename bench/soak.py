@@ -7,20 +7,21 @@ One append pipeline (every batch attached as a partition of its own: the worst c
 `target.partitions: {attach_min_rows: 1}`, at most 16) and one upsert pipeline (1,000 keys) follow a trickle
 of orders on real Apache Kafka, each through `ledgerbatch run --follow` as users run it, with
 `history.compact_after` and `errors.quarantine_retention` of `--compact-after` seconds and upkeep every
-`--compact-after / 2` seconds: each minute stands for a month. The append target starts from what months left
-it (`--base-records` orders in the topic before the followers start, delivered by the append pipeline's first
-batches, one per partition the bound allows, and attached as partitions like any other), so that what the data costs a query is nearly the same at
-the first thousand batches as at the last and what grows is the history. Every `--sample-every` seconds the
-harness samples, per pipeline: the target lookup by source coordinates and the `count(*) WHERE customer = ...`
-(wall and planning time), the ledger's size in bytes and rows, the target's partitions and `verify`'s time;
-the followers' `phase` lines give plan and commit time per batch. `verify` is timed whole and for its ledger
-part alone: its target part reads every target row, so it grows with the data (the append target's rows), not
-with the history. Where the server runs without autovacuum, the harness does its work before each sample with
-autovacuum's thresholds: it vacuums and analyzes the target tables (partitions) that changed enough, and
-vacuums the system catalogs (compaction vacuums the ledger itself). It stops once each pipeline has committed
-`--batches`, checks exactly once (every produced record a row or quarantined, `verify` clean) and reports each
-series' first and last thousand batches (medians). Prints one JSON document; with --docs, writes soak.png
-there (with --out, every sample in soak.json). Its database is prefixed `lb_soak_` and dropped at the end.
+`--compact-after / 2` seconds: each `--compact-after` stands for a month. The append target starts from what
+months left it (`--base-records` orders in the topic before the followers start, delivered by the append
+pipeline's first batches, one per partition the bound allows, and attached as partitions like any other), so
+that what the data costs a query is nearly the same at the first thousand batches as at the last and what
+grows is the history. Every `--sample-every` seconds the harness samples, per pipeline: the target lookup by
+source coordinates and the `count(*) WHERE customer = ...` (wall and planning time), the ledger's size in
+bytes and rows, the target's partitions and `verify`'s time; the followers' `phase` lines give plan and commit
+time per batch. `verify` is timed whole and for its ledger part alone: its target part reads every target row,
+so it grows with the data (the append target's rows), not with the history. Where the server runs without
+autovacuum, the harness does its work before each sample with autovacuum's thresholds: it vacuums and analyzes
+the target tables (partitions) that changed enough, and vacuums the system catalogs (compaction vacuums the
+ledger itself). It stops once each pipeline has committed `--batches`, checks exactly once (every produced
+record a row or quarantined, `verify` clean) and reports each series' first and last thousand batches
+(medians). Prints one JSON document; with --docs, writes soak.png there (with --out, every sample in
+soak.json). Its database is prefixed `lb_soak_` and dropped at the end.
 """
 from __future__ import annotations
 

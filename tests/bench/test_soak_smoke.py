@@ -15,7 +15,8 @@ pytestmark = pytest.mark.integration
 
 def test_soak_smoke_keeps_history_bounded_and_delivers_exactly_once(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bench.soak", "--batches", "60", "--window", "20", "--rate", "40",
-                           "--base-records", "2000", "--compact-after", "8", "--sample-every", "3", "--out", str(tmp_path), "--docs", str(tmp_path)],
+                           "--base-records", "2000", "--compact-after", "8", "--sample-every", "3",
+                           "--out", str(tmp_path), "--docs", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     r = json.loads((tmp_path / "soak.json").read_text())
