@@ -184,8 +184,9 @@ def sample(engine, specs: dict, started: float, autovacuum: bool) -> dict:
     return out
 
 
-def first_and_last(samples: list[dict], per_batch: dict, batches: int, window: int) -> dict:
-    """Each series' median over the first `window` batches and over the last `window`, and their ratio."""
+def first_and_last(samples: list[dict], per_batch: dict, window: int) -> dict:
+    """Each series' median over each pipeline's first `window` batches and over its last `window`, and their
+    ratio."""
     out = {}
     for name in PIPELINES:
         series = {}
@@ -193,7 +194,7 @@ def first_and_last(samples: list[dict], per_batch: dict, batches: int, window: i
         if len(steps) >= 2 * window:
             series["plan_commit_s"] = (steps[:window], steps[-window:])
         early = [s for s in samples if s[name]["batches"] <= window]
-        late = [s for s in samples if s[name]["batches"] >= batches - window]
+        late = [s for s in samples if s[name]["batches"] >= samples[-1][name]["batches"] - window]
         for key in ("lookup_ms", "lookup_planning_ms", "count_ms", "count_planning_ms", "verify_s", "verify_ledger_s",
                     "target_rows", "partitions"):
             series[key] = ([s[name][key] for s in early], [s[name][key] for s in late])
@@ -279,8 +280,7 @@ def soak(args) -> dict:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_PREFIX}history" WITH (FORCE)'))
     return {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": round(time.monotonic() - started),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "checks": checks,
-            "first_and_last": first_and_last(samples, per_batch, min(samples[-1][n]["batches"] for n in PIPELINES),
-                                             args.window),
+            "first_and_last": first_and_last(samples, per_batch, args.window),
             "samples": samples, "per_batch_plan_commit_s": per_batch}
 
 
