@@ -48,7 +48,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 from .common import BIN, DB_PREFIX, REPO, SERVER_URL, BrokerProcess, child_env, fresh_database  # noqa: E402
 from .lb import migrate, phases  # noqa: E402
 from ledgerbatch.commit.modes.partitions import MAX_PARTITIONS  # noqa: E402
-from ledgerbatch.dev.demodata import order  # noqa: E402
+from ledgerbatch.dev.demodata import order, produce_orders  # noqa: E402
 from ledgerbatch.ledger.inspection import violations  # noqa: E402
 from ledgerbatch.ops.verify import verify  # noqa: E402
 from ledgerbatch.spec.pipeline import load_spec  # noqa: E402
@@ -105,20 +105,6 @@ class Trickle(threading.Thread):
             self.stop.wait(tick)
         assert self.producer.flush(60) == 0
         self.producer = None  # gone before the broker is: no reconnect noise
-
-
-def produce_base(bootstrap: str, records: int, partitions: int) -> None:
-    """The append topic's first `records` orders (none of them poison), before any follower starts."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
-                         "queue.buffering.max.messages": 1_000_000, "log_level": 3})
-    for i in range(records):
-        while True:
-            try:
-                producer.produce("soak_append", value=order(i), partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    assert producer.flush(120) == 0
 
 
 def autovacuum_work(conn) -> None:
@@ -234,7 +220,7 @@ def soak(args) -> dict:
         autovacuum = conn.execute(text("SHOW autovacuum")).scalar_one() == "on"
     trickle = Trickle(broker.bootstrap, args.rate, args.partitions)
     followers, logs, samples = {}, {}, []
-    produce_base(broker.bootstrap, args.base_records, args.partitions)
+    produce_orders(broker.bootstrap, "soak_append", args.base_records, args.partitions)  # the base, none poison
     trickle.sent["soak_append"] += args.base_records
     started = time.monotonic()
     try:
