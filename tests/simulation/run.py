@@ -3,6 +3,7 @@ failing round replays with LEDGERBATCH_SIM_SEED=<seed>). Hypothesis shrinks a fa
 one and prints it step by step.
 
     python -m tests.simulation.run --minutes 60 [--seed N] [--modes append,changes] [--keep-going]
+        [--without strand] [--no-shrink] [--examples 10] [--steps 40]
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from .machine import PIPES, Simulation
 
 
 def explore(engine, seconds: float, first_seed: int | None = None, examples: int = 10, steps: int = 40,
-            modes: tuple[str, ...] = tuple(PIPES), keep_going: bool = False, shrink: bool = True) -> list[int]:
+            modes: tuple[str, ...] = tuple(PIPES), keep_going: bool = False, shrink: bool = True,
+            strand: bool = True) -> list[int]:
     """Rounds of `examples` histories of up to `steps` steps until `seconds` pass; the failing rounds' seeds.
     Without `keep_going` the first failure is raised (after Hypothesis shrank it)."""
     Simulation.engine = engine
@@ -36,7 +38,7 @@ def explore(engine, seconds: float, first_seed: int | None = None, examples: int
         seed = int(replay) if replay else rng.randrange(1 << 30)
         print(f"simulation round: LEDGERBATCH_SIM_SEED={seed} modes={','.join(modes)}", flush=True)
         machine = type("Simulation", (Simulation,), {})
-        machine.modes = modes
+        machine.modes, machine.strand = modes, strand
         factory = with_seed(seed)(lambda: machine())
         try:
             run_state_machine_as_test(factory, settings=settings(
@@ -62,6 +64,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--modes", default=",".join(PIPES))
     parser.add_argument("--keep-going", action="store_true")
+    parser.add_argument("--without", choices=["strand"], action="append", default=[],
+                        help="strand: never walk away from a planned replay (to look past that fault)")
     parser.add_argument("--no-shrink", action="store_true", help="report a failing history as found, unshrunk")
     parser.add_argument("--examples", type=int, default=10, help="histories per round")
     parser.add_argument("--steps", type=int, default=40, help="steps per history, at most")
@@ -71,7 +75,7 @@ def main(argv=None) -> int:
     migrate(engine)
     failed = explore(engine, args.minutes * 60, args.seed, examples=args.examples, steps=args.steps,
                      modes=tuple(args.modes.split(",")), keep_going=args.keep_going,
-                     shrink=not args.no_shrink)
+                     shrink=not args.no_shrink, strand="strand" not in args.without)
     print(f"histories by rule: {dict(sorted(Simulation.drawn.items()))}")
     print(f"failing seeds: {failed}" if failed else "no failing history")
     return 1 if failed else 0
