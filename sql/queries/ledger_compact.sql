@@ -19,13 +19,17 @@ SELECT coalesce((SELECT through_batch_id FROM ledger.compactions WHERE pipeline 
 
 -- name: fold_checkpoints
 -- Each partition's committed ranges up to :through join its checkpoint: live ranges extend it (they tile
--- on from its end), backfills lower backfilled_from. With :horizon, replays must start after it.
+-- on from its end), backfills add exactly the offsets they delivered to `backfilled` (migration 015; never a
+-- span from the lowest of them, which would count offsets no batch delivered). With :horizon, replays must
+-- start after the live offsets folded.
 INSERT INTO ledger.checkpoints AS k (pipeline, topic, partition, from_offset, until_offset, backfilled_from,
-                                     records_read, ranges, replay_horizon)
+                                     backfilled, records_read, ranges, replay_horizon)
 SELECT r.pipeline, r.topic, r.partition,
        coalesce(min(r.from_offset) FILTER (WHERE r.kind = 'live'), c.start_offset),
        coalesce(max(r.until_offset) FILTER (WHERE r.kind = 'live'), c.start_offset),
        min(r.from_offset) FILTER (WHERE r.kind = 'backfill'),
+       coalesce(range_agg(int8range(r.from_offset, r.until_offset)) FILTER (WHERE r.kind = 'backfill'),
+                int8multirange()),
        coalesce(sum(r.records_read) FILTER (WHERE r.kind = 'live'), 0),
        count(*) FILTER (WHERE r.kind = 'live'),
        CASE WHEN :horizon THEN coalesce(max(r.until_offset) FILTER (WHERE r.kind = 'live'), c.start_offset) END
@@ -36,6 +40,7 @@ GROUP BY r.pipeline, r.topic, r.partition, c.start_offset
 ON CONFLICT (pipeline, topic, partition) DO UPDATE
 SET until_offset = greatest(k.until_offset, excluded.until_offset),
     backfilled_from = least(k.backfilled_from, excluded.backfilled_from),
+    backfilled = k.backfilled + excluded.backfilled,
     records_read = k.records_read + excluded.records_read,
     ranges = k.ranges + excluded.ranges,
     replay_horizon = CASE WHEN :horizon THEN greatest(k.until_offset, excluded.until_offset) ELSE k.replay_horizon END,
@@ -73,8 +78,33 @@ DELETE FROM ledger.batches WHERE pipeline = :pipeline AND batch_id > :folded AND
 
 -- name: fold_deletes
 -- Change pipelines: deletes delivered by folded batches are forgotten (the replay horizon keeps replays
--- from bringing their keys back).
+-- from bringing their keys back). Only once no backfill can reach the pipeline's offsets (backfill_gaps, checked
+-- by commit/modes/upsert.py): a backfill's change of a key loses to any change of it delivered, and of a
+-- deleted key only its delete says there was one.
 DELETE FROM ledger_deletes.{deletes} WHERE _batch_id <= :through;
+
+-- name: backfill_gaps
+-- Offsets a backfill may still deliver, per partition of the pipeline: those of [log start, start offset)
+-- that no committed batch delivered, folded or not (the log start as the last plan saw it, or 0). Offsets
+-- compacted before migration 015 whose delivery the ledger no longer knows are refused to backfills, so
+-- they are no gap. A planned or staged backfill's ranges are a gap until it commits.
+SELECT c.topic, c.partition, lower(g) AS from_offset, upper(g) AS until_offset
+FROM ledger.cursors c
+LEFT JOIN ledger.end_offsets e USING (pipeline, topic, partition)
+LEFT JOIN ledger.checkpoints k USING (pipeline, topic, partition)
+CROSS JOIN LATERAL unnest(
+    int8multirange(int8range(least(coalesce(e.log_start, 0), c.start_offset), c.start_offset))
+    - coalesce(k.backfilled, int8multirange()) - coalesce(k.backfilled_unknown, int8multirange())
+    - coalesce((SELECT range_agg(int8range(r.from_offset, r.until_offset)) FROM ledger.batch_ranges r
+                WHERE r.pipeline = c.pipeline AND r.topic = c.topic AND r.partition = c.partition
+                  AND r.committed AND r.kind = 'backfill'), int8multirange())) AS g
+WHERE c.pipeline = :pipeline
+ORDER BY c.topic, c.partition, lower(g);
+
+-- name: deletes_forgotten
+-- How many deletes compaction forgot (change pipelines; ledger.compactions.deletes_folded): while any were,
+-- a backfill could bring one of their keys back, and the ledger cannot tell which.
+SELECT coalesce((SELECT deletes_folded FROM ledger.compactions WHERE pipeline = :pipeline), 0);
 
 -- name: fold_contributions
 -- Aggregate pipelines: the folded batches' contributions merge into one per group, under :through.

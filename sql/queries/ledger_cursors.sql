@@ -31,19 +31,24 @@ SELECT start_offset, next_offset FROM ledger.cursors WHERE pipeline = :pipeline 
 
 -- name: delivered_overlap
 -- How many offsets of [from, until) of one partition committed live or backfill batches delivered, those
--- folded into its checkpoint (migration 014) included, less the lost or skipped offsets inside that.
-SELECT coalesce(sum(r.sign * greatest(0, least(r.until_offset, :until_offset) - greatest(r.from_offset, :from_offset))), 0)
-       AS overlap
-FROM (SELECT 1 AS sign, from_offset, until_offset FROM ledger.batch_ranges
-      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND committed
-        AND kind IN ('live', 'backfill')
-      UNION ALL
-      SELECT 1, coalesce(backfilled_from, from_offset), until_offset FROM ledger.checkpoints
-      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition
-      UNION ALL
-      SELECT -1, l.from_offset, l.until_offset FROM ledger.lost_ranges l JOIN ledger.checkpoints k USING (pipeline, topic, partition)
-      WHERE l.pipeline = :pipeline AND l.topic = :topic AND l.partition = :partition
-        AND l.from_offset >= k.from_offset AND l.until_offset <= k.until_offset) r;
+-- folded into its checkpoint included (migration 014: its live span less the lost or skipped offsets inside
+-- it; migration 015: exactly the offsets folded backfills delivered), and how many lie in offsets folded
+-- before 015 whose delivery the ledger no longer knows (`unknown`).
+WITH asked AS (SELECT int8multirange(int8range(CAST(:from_offset AS bigint), CAST(:until_offset AS bigint))) AS m),
+k AS (SELECT * FROM ledger.checkpoints WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition)
+SELECT CAST(coalesce((SELECT sum(r.sign * greatest(0, least(r.until_offset, :until_offset) - greatest(r.from_offset, :from_offset)))
+                 FROM (SELECT 1 AS sign, from_offset, until_offset FROM ledger.batch_ranges
+                       WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND committed
+                         AND kind IN ('live', 'backfill')
+                       UNION ALL
+                       SELECT 1, from_offset, until_offset FROM k
+                       UNION ALL
+                       SELECT -1, l.from_offset, l.until_offset FROM ledger.lost_ranges l JOIN k USING (pipeline, topic, partition)
+                       WHERE l.from_offset >= k.from_offset AND l.until_offset <= k.until_offset) r), 0)
+       + coalesce((SELECT sum(upper(s) - lower(s)) FROM k, asked, unnest(k.backfilled * asked.m) s), 0) AS bigint)
+       AS overlap,
+       CAST(coalesce((SELECT sum(upper(s) - lower(s)) FROM k, asked, unnest(k.backfilled_unknown * asked.m) s), 0) AS bigint)
+       AS unknown;
 
 -- name: insert_lost_range
 INSERT INTO ledger.lost_ranges (pipeline, topic, partition, from_offset, until_offset, acknowledged_by, reason)

@@ -23,7 +23,10 @@ FROM (SELECT from_offset, until_offset FROM ledger.batch_ranges
       WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND kind = 'lost'
       UNION ALL  -- compacted (migration 014): skipped offsets inside count too, so a move back over it is refused
       SELECT from_offset, until_offset FROM ledger.checkpoints
-      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition) r;
+      WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition
+      UNION ALL  -- and what compacted backfills delivered (migration 015)
+      SELECT lower(s), upper(s) FROM ledger.checkpoints k, unnest(k.backfilled + k.backfilled_unknown) s
+      WHERE k.pipeline = :pipeline AND k.topic = :topic AND k.partition = :partition) r;
 
 -- name: unskip_from
 -- A move back to :to_offset: skipped ranges at or after it are no longer skipped; one across it ends there.

@@ -4,7 +4,31 @@
 -- name: verify_ledger
 -- The ledger's own invariants (tiling, counts, ranges, cursors, staging) live in the view
 -- ledger.invariant_violations (sql/migrations/004); staging tables of unknown batches belong to no pipeline.
-SELECT problem FROM ledger.invariant_violations WHERE pipeline = :pipeline OR pipeline IS NULL;
+SELECT problem FROM ledger.invariant_violations WHERE pipeline = :pipeline OR pipeline IS NULL
+UNION ALL
+-- Backfills deliver each offset once (migration 015): a committed backfill range overlaps no other committed
+-- live or backfill range, nor the offsets the partition's checkpoint holds as delivered.
+SELECT format('%s[%s]: backfill batch %s delivered [%s, %s), which batch %s delivered too',
+              r.topic, r.partition, r.batch_id, r.from_offset, r.until_offset, o.batch_id)
+FROM ledger.batch_ranges r JOIN ledger.batch_ranges o
+  ON o.pipeline = r.pipeline AND o.topic = r.topic AND o.partition = r.partition AND o.committed
+ AND o.kind IN ('live', 'backfill') AND (o.kind = 'live' OR o.batch_id < r.batch_id)
+ AND o.from_offset < r.until_offset AND r.from_offset < o.until_offset
+WHERE r.pipeline = :pipeline AND r.kind = 'backfill' AND r.committed
+UNION ALL
+SELECT format('%s[%s]: backfill batch %s delivered [%s, %s), which compacted batches delivered too (%s)',
+              r.topic, r.partition, r.batch_id, r.from_offset, r.until_offset,
+              int8multirange(int8range(r.from_offset, r.until_offset))
+                * (k.backfilled + k.backfilled_unknown + int8multirange(int8range(k.from_offset, k.until_offset))))
+FROM ledger.batch_ranges r JOIN ledger.checkpoints k USING (pipeline, topic, partition)
+WHERE r.pipeline = :pipeline AND r.kind = 'backfill' AND r.committed AND r.from_offset < r.until_offset
+  AND int8multirange(int8range(r.from_offset, r.until_offset))
+      && (k.backfilled + k.backfilled_unknown + int8multirange(int8range(k.from_offset, k.until_offset)))
+UNION ALL
+SELECT format('%s[%s]: the checkpoint holds offsets %s as both backfilled and live [%s, %s)', k.topic, k.partition,
+              k.backfilled * int8multirange(int8range(k.from_offset, k.until_offset)), k.from_offset, k.until_offset)
+FROM ledger.checkpoints k
+WHERE k.pipeline = :pipeline AND k.backfilled && int8multirange(int8range(k.from_offset, k.until_offset));
 
 -- name: verify_target_rows
 -- Every target row comes from a committed batch and lies inside a committed range of this pipeline;
@@ -28,9 +52,10 @@ SELECT * FROM (
         WHERE NOT EXISTS (SELECT 1 FROM ledger.batch_ranges r
                           WHERE r.batch_id = g._batch_id AND r.topic = g._topic AND r.partition = g._partition
                             AND r.pipeline = :pipeline AND r.committed AND g.low >= r.from_offset AND g.high < r.until_offset)
-          AND NOT EXISTS (SELECT 1 FROM ledger.checkpoints k  -- compacted history (migration 014)
+          AND NOT EXISTS (SELECT 1 FROM ledger.checkpoints k  -- compacted history (migrations 014, 015)
                           WHERE k.pipeline = :pipeline AND k.topic = g._topic AND k.partition = g._partition
-                            AND g.low >= coalesce(k.backfilled_from, k.from_offset) AND g.high < k.until_offset))
+                            AND ((g.low >= k.from_offset AND g.high < k.until_offset)
+                                 OR int8range(g.low, g.high, '[]') <@ k.backfilled + k.backfilled_unknown)))
     SELECT format('%s target rows lie outside every committed range (e.g. %s[%s] offset %s)',
                   count(*), min(t._topic), min(t._partition), min(t._offset)) AS problem
     FROM suspect s
@@ -40,7 +65,8 @@ SELECT * FROM (
                         AND t._offset >= r.from_offset AND t._offset < r.until_offset)
       AND NOT EXISTS (SELECT 1 FROM ledger.checkpoints k
                       WHERE k.pipeline = :pipeline AND k.topic = t._topic AND k.partition = t._partition
-                        AND t._offset >= coalesce(k.backfilled_from, k.from_offset) AND t._offset < k.until_offset)
+                        AND ((t._offset >= k.from_offset AND t._offset < k.until_offset)
+                             OR k.backfilled @> t._offset OR k.backfilled_unknown @> t._offset))
     HAVING count(*) > 0) outside
 UNION ALL
 SELECT format('%s coordinates appear more than once in the target (e.g. %s[%s] offset %s)',

@@ -76,7 +76,10 @@ CREATE TABLE IF NOT EXISTS ledger_deletes.{deletes} (
 -- delivered so far: a live batch always wins; a replay wins where that last change (the key's target
 -- row or its delete) lies inside the replayed ranges, or before this change in the same partition, or
 -- there is none. So a replay never brings back a row that a later change deleted, nor deletes a row a
--- later change wrote.
+-- later change wrote. A backfill (offsets below the start) wins only where its key has no change delivered
+-- (or an older one of its own partition, another backfill's): "there is none" must be true, so compaction keeps
+-- the deletes while a backfill can come (ledger_compact.sql: backfill_gaps) and, once it forgot some, backfills
+-- are refused (ledger/cursors.py: range_kind).
 CREATE TEMPORARY TABLE lb_last_changes ON COMMIT DROP AS
 SELECT c.* FROM (
     SELECT DISTINCT ON ({key}) {columns}, _change, _topic, _partition, _offset, _batch_id

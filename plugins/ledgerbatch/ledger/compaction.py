@@ -1,9 +1,12 @@
-"""Ledger compaction and quarantine retention (sql/queries/ledger_compact.sql; migration 014).
+"""Ledger compaction and quarantine retention (sql/queries/ledger_compact.sql; migrations 014, 015).
 
 Compaction folds a pipeline's batches that finished before a time into one checkpoint per partition
-(`ledger.checkpoints`: the live offsets `[from, until)` they delivered, the records they read) and one row
-of summed counts (`ledger.compactions`), then deletes them with their ranges. `verify` reads both, so it
-still proves tiling and counts. Quarantine retention deletes old bad records and keeps their count."""
+(`ledger.checkpoints`: the live offsets `[from, until)` they delivered, the records they read, and exactly
+the offsets their backfills delivered, `backfilled`) and one row of summed counts (`ledger.compactions`),
+then deletes them with their ranges. Every question "was offset o delivered" (ledger_cursors.sql:
+delivered_overlap) has the same answer afterwards, so a gap below the start that no batch delivered stays
+backfillable. `verify` reads both, so it still proves tiling and counts. Quarantine retention deletes old
+bad records and keeps their count."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,6 +15,7 @@ from datetime import datetime
 from sqlalchemy.engine import Connection, Engine
 
 from ledgerbatch.ledger.sql import run
+from ledgerbatch.model.ranges import OffsetRange
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,15 @@ def fold(conn: Connection, pipeline: str, f: Fold, deletes_folded: int, horizon:
     run(conn, "fold_checkpoints", {**f.params(pipeline), "horizon": horizon})
     run(conn, "fold_counts", {**f.params(pipeline), "deletes": deletes_folded})
     return run(conn, "delete_folded", f.params(pipeline)).rowcount
+
+
+def backfill_gaps(conn: Connection, pipeline: str) -> list[OffsetRange]:
+    """The offsets a backfill may still deliver: per partition, those between the log start the last plan
+    saw (or 0) and the pipeline's start that no committed batch delivered. A change pipeline keeps its
+    deletes while there are any (commit/modes/upsert.py: fold_history): a backfill's change of a deleted key
+    must lose to the delete, as it would have before compaction."""
+    return [OffsetRange(g.topic, g.partition, g.from_offset, g.until_offset)
+            for g in run(conn, "backfill_gaps", {"pipeline": pipeline})]
 
 
 def vacuum(engine: Engine) -> None:

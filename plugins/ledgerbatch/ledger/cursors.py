@@ -48,12 +48,27 @@ def range_kind(conn: Connection, pipeline: str, r: OffsetRange) -> BatchKind:
     params = {"pipeline": pipeline, "topic": r.topic, "partition": r.partition,
               "from_offset": r.from_offset, "until_offset": r.until_offset}
     cursor = run(conn, "cursor_of", params).first()
-    overlap = run(conn, "delivered_overlap", params).scalar_one()
+    delivered = run(conn, "delivered_overlap", params).one()
     horizon = run(conn, "replay_horizon", params).scalar()
     try:
-        return classify(overlap, r.span, r.until_offset, cursor.start_offset if cursor else None, r.from_offset, horizon)
+        return classify(delivered.overlap, r.span, r.until_offset, cursor.start_offset if cursor else None,
+                        r.from_offset, horizon, delivered.unknown, _backfill_refused(conn, pipeline))
     except RangeRefused as exc:
         raise RangeRefused(f"{r}: {exc}") from None
+
+
+def _backfill_refused(conn: Connection, pipeline: str) -> str | None:
+    """Why no backfill of the pipeline can give the serial result any more, or None. A change pipeline's
+    compaction keeps the deletes while a backfill can reach offsets below the start (ledger_compact.sql:
+    backfill_gaps); once it forgot some, a backfill's older change of such a key would bring it back."""
+    forgotten = run(conn, "deletes_forgotten", {"pipeline": pipeline}).scalar_one()
+    if not forgotten:
+        return None
+    return (f"compaction forgot {forgotten} deletes of this change pipeline (ledger.compactions.deletes_folded) "
+            f"when no backfill could reach its offsets below the start, or before the ledger kept them for backfills "
+            f"(migration 015); a backfill's change loses to any change of its key already delivered, so serially "
+            f"those deletes win, but the ledger no longer knows their keys and the backfill would bring them back. Load "
+            f"the older offsets into a new pipeline (source.start: earliest) instead")
 
 
 def record_lost_range(conn: Connection, pipeline: str, r: OffsetRange, by: str, reason: str | None) -> bool:

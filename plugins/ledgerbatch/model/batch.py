@@ -28,21 +28,33 @@ class RangeRefused(LedgerbatchError):
 
 
 def classify(overlap: int, span: int, until_offset: int, start_offset: int | None, from_offset: int = 0,
-             horizon: int | None = None) -> BatchKind:
+             horizon: int | None = None, unknown: int = 0, backfill_refused: str | None = None) -> BatchKind:
     """REPLAY when committed batches delivered all of the range, BACKFILL when it lies wholly before
     the pipeline's start and nothing delivered it; anything else would duplicate or skip (pure). A replay
-    starting before the partition's replay `horizon` (ledger compaction) is refused."""
+    starting before the partition's replay `horizon` (ledger compaction) is refused; a backfill is refused
+    with `backfill_refused`, the reason, when the ledger forgot what it needs to give the serial result
+    (a change pipeline's compacted deletes). `unknown`: offsets of the range compacted before the ledger
+    kept exact backfill spans (migration 015): counted as delivered, as they were, but the ledger cannot
+    tell which of them a backfill delivered."""
     if start_offset is None:
         raise RangeRefused("the pipeline has not started on this partition: run it first")
-    if overlap == span:
+    delivered = overlap + unknown
+    if delivered == span:
         if horizon is not None and from_offset < horizon:
             raise RangeRefused(f"offsets before {horizon} were compacted (ledgerbatch compact) together with what "
                                f"lets a replay replace them (the deletes of a change pipeline, or an aggregate's "
                                f"per-batch contributions), so a replay there could bring back deleted keys or count "
                                f"records twice; the replay horizon is {horizon}: replay from {horizon} on")
         return BatchKind.REPLAY
-    if overlap == 0 and until_offset <= start_offset:
+    if delivered == 0 and until_offset <= start_offset:
+        if backfill_refused:
+            raise RangeRefused(f"no batch delivered these offsets, but a backfill of them is refused: {backfill_refused}")
         return BatchKind.BACKFILL
+    if unknown:
+        raise RangeRefused(f"{unknown} of its {span} offsets were compacted before the ledger kept exactly what "
+                           f"backfills delivered (migration 015): it cannot tell which of them a backfill delivered, "
+                           f"so a backfill there could deliver an offset twice; ledger.checkpoints.backfilled_unknown "
+                           f"holds those offsets: replay a range wholly inside them, or backfill one wholly outside")
     raise RangeRefused(f"the range is neither fully delivered (replay) nor fully before the pipeline's start offset "
                        f"{start_offset} (backfill); {overlap} of its {span} offsets were delivered")
 

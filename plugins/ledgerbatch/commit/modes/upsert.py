@@ -9,12 +9,15 @@ batch upserts or deletes its row. The last delete of each deleted key is kept in
 last change delivered, row or delete, whether its own change is newer (sql/queries/mode_upsert.sql)."""
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ledgerbatch.commit.modes.base import TargetMode, prefixed, target_names
 from ledgerbatch.commit.target import evolve_target, table_exists, target_defs
 from ledgerbatch.identifiers import quote_ident
+from ledgerbatch.ledger.compaction import backfill_gaps
 from ledgerbatch.ledger.inspection import deleted_key_violations
 from ledgerbatch.model.batch import Batch, BatchKind
 from ledgerbatch.model.ranges import range_arrays
@@ -22,6 +25,8 @@ from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
 
+
+log = logging.getLogger(__name__)
 
 # What a change pipeline's winning changes (lb_last_changes) do, in order (sql/queries/mode_upsert.sql).
 APPLY_CHANGES = ("apply_deletes", "apply_upserts", "forget_deletes", "record_deletes")
@@ -73,9 +78,16 @@ class Upsert(TargetMode):
 
     def fold_history(self, conn: Connection, spec: PipelineSpec, through: int) -> tuple[int, bool]:
         """A change pipeline forgets the deletes of folded batches: a replay of their offsets could then
-        bring a deleted key back, so it is refused from here on (the replay horizon)."""
+        bring a deleted key back, so it is refused from here on (the replay horizon). Not while a backfill
+        can still deliver offsets below the start (ledger/compaction.py: backfill_gaps): its change of a
+        deleted key must lose to the delete, so the deletes are kept until no backfill can come."""
         if not spec.changes or not table_exists(conn, "ledger_deletes", deletes_table(spec)):
             return 0, spec.changes
+        gaps = backfill_gaps(conn, spec.name)
+        if gaps:
+            log.info("%s: deletes kept: a backfill can still deliver %s%s", spec.name,
+                     ", ".join(map(str, gaps[:3])), f" and {len(gaps) - 3} more ranges" if len(gaps) > 3 else "")
+            return 0, True
         forgotten = conn.execute(text(query("fold_deletes", deletes=deletes_table(spec))), {"through": through})
         return forgotten.rowcount, True
 
