@@ -151,3 +151,31 @@ WHERE batch_id = :batch_id;
 -- name: record_range_set_aside
 UPDATE ledger.batch_ranges SET {bucket} = {bucket} + :rows
 WHERE batch_id = :batch_id AND topic = :topic AND partition = :partition;
+
+-- name: abandon_stranded
+-- Replays and backfills nobody will finish (an interrupted `verify --deep` or `ledgerbatch replay`, a backfill
+-- DAG run that failed and was never cleared): unfinished, no attempt staging them under a lease renewed within
+-- :idle_s seconds, nothing done to them for :idle_s seconds nor since :before (the compaction's cut-off,
+-- history.compact_after). They keep updated_at (when they were last worked on), so that compaction folds past
+-- them at once; error says why, what they were, and the error they had.
+WITH stranded AS (
+    SELECT batch_id, status FROM ledger.batches
+    WHERE pipeline = :pipeline AND kind IN ('replay', 'backfill') AND status IN ('planned', 'staged', 'failed')
+      AND updated_at < :before AND updated_at < now() - make_interval(secs => :idle_s)
+      AND coalesce(heartbeat_at < :before AND heartbeat_at < now() - make_interval(secs => :idle_s), true)
+    ORDER BY batch_id
+    FOR UPDATE SKIP LOCKED  -- a batch being committed (or taken over) right now is not stranded
+)
+UPDATE ledger.batches b
+SET status = 'abandoned',
+    error = left(:reason || ' (it was ' || s.status || ' at attempt ' || b.attempt || ', last worked on at '
+                 || to_char(greatest(b.updated_at, b.heartbeat_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                 || ')' || coalesce('; its error: ' || b.error, ''), 4000)
+FROM stranded s
+WHERE b.batch_id = s.batch_id
+RETURNING b.batch_id, b.kind, s.status AS was, b.attempt, greatest(b.updated_at, b.heartbeat_at) AS last_worked_on;
+
+-- name: first_batch_after
+-- The pipeline's first batch after :batch_id (what a compaction that stopped at :batch_id stopped at).
+SELECT batch_id, kind, status, attempt, updated_at FROM ledger.batches
+WHERE pipeline = :pipeline AND batch_id > :batch_id ORDER BY batch_id LIMIT 1;

@@ -73,25 +73,47 @@ def deep_verify(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serve
             log.info("%s: verify --deep reads %d offsets in %d ranges again (batch %d, never committed)", spec.name,
                      span, len(ranges), batch.batch_id)
             try:
-                process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
-            except DataLossError:
-                # Retention deleted offsets while they were read: those are not checkable, the rest is read again.
-                with engine.begin() as conn:
-                    mark_abandoned(conn, batch.batch_id, "verify --deep: Kafka deleted offsets of its ranges while it read")
-                layer, gone = held(layer, watermarks())
-                if not gone:  # Kafka still holds every offset the read lost: not retention
-                    raise
-                log.warning("%s: Kafka deleted offsets while verify --deep read them: %s not checkable", spec.name,
-                            ", ".join(map(str, gone)))
-                lost += gone
-                continue
-            report.problems += compare(engine, spec, batch.batch_id, ranges, batches)
+                try:
+                    process_batch(spark_factory(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
+                except DataLossError:
+                    # Retention deleted offsets while they were read: those are not checkable, the rest is read again.
+                    with engine.begin() as conn:
+                        mark_abandoned(conn, batch.batch_id,
+                                       "verify --deep: Kafka deleted offsets of its ranges while it read")
+                    layer, gone = held(layer, watermarks())
+                    if not gone:  # Kafka still holds every offset the read lost: not retention
+                        raise
+                    log.warning("%s: Kafka deleted offsets while verify --deep read them: %s not checkable",
+                                spec.name, ", ".join(map(str, gone)))
+                    lost += gone
+                    continue
+                report.problems += compare(engine, spec, batch.batch_id, ranges, batches)
+            except BaseException as exc:  # Ctrl-C, Spark that does not start, a lost connection...
+                _abandon_on_the_way_out(engine, spec, batch.batch_id, exc)
+                raise
             report.ranges += ranges
             report.records += span
             break
     report.ranges, report.not_checkable = merged(sorted(report.ranges)), merged(sorted(lost))
     drop_finished_staging(engine, spec.name)
     return report
+
+
+def _abandon_on_the_way_out(engine: Engine, spec: PipelineSpec, batch_id: int, exc: BaseException) -> None:
+    """verify --deep stopped before it compared (and abandoned) its batch: abandon it now, as nobody will
+    finish it (compaction folds only up to the first unfinished batch). If the ledger cannot be reached, the
+    upkeep abandons it later (ops/abandon.py: abandon_stranded)."""
+    why = f"verify --deep stopped before it compared: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+    try:
+        with engine.begin() as conn:
+            mark_abandoned(conn, batch_id, why[:4000])
+        drop_finished_staging(engine, spec.name)
+    except Exception as failure:  # noqa: BLE001 - the error that stopped verify --deep is the one to raise
+        log.warning("%s: verify --deep could not abandon its batch %d on the way out (%s); the upkeep abandons it "
+                    "once it is older than history.compact_after, or `ledgerbatch abandon` does", spec.name, batch_id,
+                    failure)
+    else:
+        log.warning("%s: verify --deep stopped (%s); abandoned its batch %d", spec.name, type(exc).__name__, batch_id)
 
 
 def chosen_ranges(engine: Engine, spec: PipelineSpec, since: int = 0,

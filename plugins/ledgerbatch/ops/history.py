@@ -4,7 +4,13 @@ which `run` does when it starts and then every minute and the `ledgerbatch_histo
 partition bound is also kept after every commit: commit/modes/rollup.py, bound_partitions.)
 
 Compaction and the rollup take the target's commit lock (commit/target.py: lock_target): commits into the
-target wait for them, readers of the target and the ledger do not."""
+target wait for them, readers of the target and the ledger do not.
+
+Nothing of history stops a pipeline: each upkeep that fails, for whatever reason, gives way (logged once with
+its reason, counted in `ledgerbatch_upkeep_failures_total`: ops/upkeep_failures.py), and the pipeline goes on
+committing; it is tried again at the next turn. Compaction folds up to the first unfinished batch: before it
+compacts, the upkeep abandons the replays and backfills nobody will finish (ops/abandon.py: abandon_stranded),
+and a compaction held back by an unfinished batch names it."""
 from __future__ import annotations
 
 import logging
@@ -18,7 +24,10 @@ from ledgerbatch.commit.modes.catalog import mode_for
 from ledgerbatch.commit.modes.rollup import Rollup, bound_partitions
 from ledgerbatch.commit.target import lock_target
 from ledgerbatch.ledger import compaction
+from ledgerbatch.ledger.sql import run
+from ledgerbatch.ops.abandon import Stranded, abandon_stranded
 from ledgerbatch.ops.hooks import RunHook
+from ledgerbatch.ops.upkeep_failures import failing, giving_way
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.tables import drop_finished_staging
 
@@ -32,6 +41,7 @@ class Compacted:
     deletes: int  # ledger_deletes rows forgotten
     horizon: bool  # replays of the folded offsets are refused from now on
     seconds: float
+    stopped_at: int | None = None  # an unfinished batch older than the cut-off that holds the fold back
 
 
 def compact(engine: Engine, spec: PipelineSpec, before: datetime) -> Compacted:
@@ -43,16 +53,37 @@ def compact(engine: Engine, spec: PipelineSpec, before: datetime) -> Compacted:
         lock_target(conn, spec)
         compaction.lock_compaction(conn, spec.name)
         fold = compaction.foldable(conn, spec.name, before)
+        stopped_at = _held_back_by(conn, spec, fold.through, before)
         if fold.empty:
-            return Compacted(0, fold.folded, 0, False, time.monotonic() - started)
+            return Compacted(0, fold.folded, 0, False, time.monotonic() - started, stopped_at)
         deletes, horizon = mode_for(spec).fold_history(conn, spec, fold.through)
         batches = compaction.fold(conn, spec.name, fold, deletes, horizon)
     compaction.vacuum(engine)
-    done = Compacted(batches, fold.through, deletes, horizon, time.monotonic() - started)
+    done = Compacted(batches, fold.through, deletes, horizon, time.monotonic() - started, stopped_at)
     log.info("%s: compacted %d batches (through batch %d, finished before %s)%s%s in %.2fs", spec.name, batches,
              fold.through, before.isoformat(timespec="seconds"), f", forgot {deletes} deletes" if deletes else "",
              "; replays of the compacted offsets are refused from now on" if horizon else "", done.seconds)
     return done
+
+
+_NAMED: set[tuple[str, int]] = set()  # (pipeline, batch id) of the batches named as holding compaction back
+
+
+def _held_back_by(conn, spec: PipelineSpec, through: int, before: datetime) -> int | None:
+    """The batch after `through` when it is unfinished and older than the cut-off: what holds the fold back
+    (a batch finished after the cut-off is where folding stops as it should). Named once per process."""
+    first = run(conn, "first_batch_after", {"pipeline": spec.name, "batch_id": through}).first()
+    if first is None or first.status not in ("planned", "staged", "failed") or first.updated_at >= before:
+        return None
+    if (spec.name, first.batch_id) not in _NAMED:
+        _NAMED.add((spec.name, first.batch_id))
+        then = ("`run` resumes it" if first.kind == "live" else
+                "the upkeep abandons it once nobody holds it (a replay or backfill older than history.compact_after)"
+                if spec.compact_after_s is not None else "`ledgerbatch abandon` gives it up if nobody will finish it")
+        log.warning("%s: compaction stops before %s batch %d, %s at attempt %d since %s: it folds nothing after it "
+                    "until that batch is committed or abandoned (%s)", spec.name, first.kind, first.batch_id,
+                    first.status, first.attempt, first.updated_at.isoformat(timespec="seconds"), then)
+    return first.batch_id
 
 
 def purge_quarantine(engine: Engine, spec: PipelineSpec, before: datetime) -> int:
@@ -67,20 +98,35 @@ def purge_quarantine(engine: Engine, spec: PipelineSpec, before: datetime) -> in
 
 @dataclass(frozen=True)
 class Upkeep:
-    compacted: Compacted | None
+    compacted: Compacted | None  # None: not asked for, or it gave way (gave_way names it)
     purged: int | None
     rollups: tuple[Rollup, ...]
+    abandoned: tuple[Stranded, ...] = ()  # stranded replays and backfills abandoned before compacting
+    gave_way: tuple[str, ...] = ()  # the upkeeps that failed this time (logged, counted; tried again next time)
 
 
 def upkeep(engine: Engine, spec: PipelineSpec, now: datetime | None = None) -> Upkeep:
-    """What the spec asks for, once: compact what is older than history.compact_after, purge quarantine older
-    than errors.quarantine_retention, merge partitions until the target is within its bound."""
+    """What the spec asks for, once: abandon the stranded replays and backfills older than
+    history.compact_after and compact what is older than it, purge quarantine older than
+    errors.quarantine_retention, merge partitions until the target is within its bound. Never raises for an
+    upkeep that failed: it gives way (ops/upkeep_failures.py), and the others still run."""
     now = now or datetime.now(timezone.utc)
-    compacted = (compact(engine, spec, now - timedelta(seconds=spec.compact_after_s))
-                 if spec.compact_after_s is not None else None)
-    purged = (purge_quarantine(engine, spec, now - timedelta(seconds=spec.quarantine_retention_s))
-              if spec.quarantine_retention_s is not None else None)
-    return Upkeep(compacted, purged, tuple(bound_partitions(engine, spec)))
+    compacted, purged, abandoned, failed = None, None, [], []
+    if spec.compact_after_s is not None:
+        before = now - timedelta(seconds=spec.compact_after_s)
+        with giving_way(spec.name, "abandon_stranded") as outcome:
+            abandoned = abandon_stranded(engine, spec, before)
+        failed += ["abandon_stranded"] * outcome.failed
+        with giving_way(spec.name, "compaction") as outcome:
+            compacted = compact(engine, spec, before)
+        failed += ["compaction"] * outcome.failed
+    if spec.quarantine_retention_s is not None:
+        with giving_way(spec.name, "purge") as outcome:
+            purged = purge_quarantine(engine, spec, now - timedelta(seconds=spec.quarantine_retention_s))
+        failed += ["purge"] * outcome.failed
+    rollups = tuple(bound_partitions(engine, spec))  # gives way by itself (commit/modes/rollup.py)
+    failed += ["rollup"] * ("rollup" in failing(spec.name))
+    return Upkeep(compacted, purged, rollups, tuple(abandoned), tuple(failed))
 
 
 class Upkeeper(RunHook):

@@ -19,6 +19,7 @@ from typing import Iterable
 from ledgerbatch.errors import ConfigError
 from ledgerbatch.model.batch import Batch
 from ledgerbatch.ops.lag import PartitionLag, pipeline_lag
+from ledgerbatch.ops.upkeep_failures import failure_counts
 
 log = logging.getLogger(__name__)
 SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -60,6 +61,9 @@ class Metrics:
                                             description="outages `run --follow` waited out, by dependency")
         self.outage_seconds = meter.create_counter("ledgerbatch.outage.duration", unit="s",
                                                    description="seconds `run --follow` waited for a dependency")
+        meter.create_observable_counter(
+            "ledgerbatch.upkeep.failures", [self._upkeep_failures], unit="{failure}",
+            description="history upkeeps (rollup, compaction, purge, abandon) that failed and gave way, by reason")
         self.duration = meter.create_histogram(
             "ledgerbatch.batch.phase.duration", unit="s", description="wall time of a batch phase",
             explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
@@ -116,6 +120,16 @@ class Metrics:
     def flush(self) -> None:
         with _guarded("flush"):
             self.provider.force_flush(10_000)
+
+    @staticmethod
+    def _upkeep_failures(_options):
+        """The process's failed upkeeps so far (ops/upkeep_failures.py keeps them, so that a failure is counted
+        even before the instruments are built)."""
+        from opentelemetry.metrics import Observation
+
+        return [Observation(n, {"ledgerbatch.pipeline": pipeline, "ledgerbatch.upkeep": upkeep, "error.type": error,
+                                **({"db.response.status_code": sqlstate} if sqlstate else {})})
+                for (pipeline, upkeep, error, sqlstate), n in failure_counts().items()]
 
     def _observe(self, what: str):
         from opentelemetry.metrics import Observation

@@ -4,7 +4,14 @@ into one (partitions.py: plan_rollup) when there are more than `target.partition
 Online: the rows are copied into a new table beside the target while readers go on (writers of the merged
 partitions wait); then one brief swap detaches them and attaches the copy, under a lock timeout so that a
 long query on the target makes the rollup give way (and try again later) rather than queue readers behind it.
-Commits into the target wait for the rollup (commit/target.py: lock_target)."""
+Commits into the target wait for the rollup (commit/target.py: lock_target).
+
+The merged partition holds the target's rows as they are: a CHECK the target has NOT VALID (added so as not to
+judge its history) is added to it NOT VALID after the copy, as the target has it. A rollup that fails anyway,
+for whatever reason (a foreign key that references the target, a view on one of its partitions, a lock or
+statement timeout, a privilege), gives way: it is rolled back, logged once with its reason and counted
+(ops/upkeep_failures.py, `ledgerbatch_upkeep_failures_total`), the target stays over its bound, and commits go on;
+a commit or upkeep after a short rest (5 s, doubling up to 5 minutes while it keeps failing) tries again."""
 from __future__ import annotations
 
 import logging
@@ -13,13 +20,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
 
 from ledgerbatch.commit.modes.append import partition_name, partitions_of
 from ledgerbatch.commit.modes.base import target_names
 from ledgerbatch.commit.modes.partitions import MAX_PARTITIONS, plan_rollup
 from ledgerbatch.commit.target import lock_target, table_exists
 from ledgerbatch.identifiers import quote_ident
+from ledgerbatch.ops.upkeep_failures import giving_way, resting
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
 
@@ -39,18 +46,14 @@ class Rollup:
 
 def roll_up(engine: Engine, spec: PipelineSpec) -> Rollup | None:
     """Merge one run of partitions if the target has more than allowed; None when within bounds, not
-    partitioned, or a reader held the target past the swap's lock timeout (logged; the next call tries again)."""
+    partitioned, or when the rollup failed and gave way (a reader held the target past the swap's lock
+    timeout, the target's own rules refused it...: logged and counted; the next call tries again)."""
     started = time.monotonic()
-    try:
+    done = None
+    with giving_way(spec.name, "rollup") as outcome:
         with engine.begin() as conn:
             done = _roll_up(conn, spec)
-    except OperationalError as exc:
-        if "lock timeout" not in str(exc.orig):
-            raise
-        log.info("%s: partition rollup gave way to a query holding %s.%s; it tries again later",
-                 spec.name, spec.target_schema, spec.target_table)
-        return None
-    if done is None:
+    if outcome.failed or done is None:
         return None
     rollup = Rollup(*done, seconds=time.monotonic() - started)
     log.info("%s: merged %d partitions of %s.%s into %s (batches [%d, %d)) in %.2fs; %d partitions", spec.name,
@@ -60,9 +63,15 @@ def roll_up(engine: Engine, spec: PipelineSpec) -> Rollup | None:
 
 
 def bound_partitions(engine: Engine, spec: PipelineSpec) -> list[Rollup]:
-    """Roll up until the target is within its bound; what `run` does after each commit, as the Airflow commit
-    task does (a catalog look, a few milliseconds, when nothing is over)."""
+    """Roll up until the target is within its bound, or until a rollup gives way; what `run` does after each
+    commit, as the Airflow commit task does (a catalog look, a few milliseconds, when nothing is over). Never
+    raises for a rollup that failed (roll_up). After rollups that failed, it leaves the target alone for a
+    while (5 s, doubling to at most 5 minutes: ops/upkeep_failures.py, resting) rather than copy the same
+    partitions again after every commit."""
     done = []
+    if (rest := resting(spec.name, "rollup")) > 0:
+        log.debug("%s: partition rollup failed the last time; tried again in %.0fs", spec.name, rest)
+        return done
     while spec.mode == "append" and (rollup := roll_up(engine, spec)) is not None:
         done.append(rollup)
     return done
@@ -82,11 +91,17 @@ def _roll_up(conn: Connection, spec: PipelineSpec):
     target, lower, upper = target_names(spec), run[0].lower, run[-1].upper
     merged = f"lb_rollup_{lower}"  # beside the target until it takes the first partition's name
     conn.execute(text(query("create_merged_partition", merged=merged, **target)), {"lower": lower, "upper": upper})
+    unjudged = [c for c in conn.execute(text(query("table_checks")), target) if c.definition.endswith(" NOT VALID")]
+    for check in unjudged:  # LIKE made it a validated CHECK: it would judge the rows the target holds already
+        conn.execute(text(query("drop_merged_check", merged=merged, constraint=check.name, **target)))
     columns = Fragment(", ".join(quote_ident(r.column_name) for r in conn.execute(text(query("table_columns")), target)
                                  if not r.generated))
     for p in run:
         conn.execute(text(query("hold_partition", partition=p.name, **target)))
         conn.execute(text(query("copy_partition", merged=merged, partition=p.name, columns=columns, **target)))
+    for check in unjudged:  # as the target has it (ATTACH requires it), judging rows written from now on
+        conn.execute(text(query("add_check", schema=target["schema"], table=merged, constraint=check.name,
+                                definition=Fragment(check.definition))))
     conn.execute(text(query("set_lock_timeout")), {"ms": SWAP_LOCK_TIMEOUT})
     for p in run:
         conn.execute(text(query("drop_partition", partition=p.name, **target)))
