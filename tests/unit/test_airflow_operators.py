@@ -43,10 +43,10 @@ def test_kafka_hook_returns_bootstrap_options_and_ready_consumer_settings(connec
     hook = KafkaConfigHook()
     assert hook.get_bootstrap_servers() == "kafka-1:9093"
     assert hook.get_options() == SECURITY
-    spec_options = {"client.id": "orders-etl", "sasl.username": "orders", "isolation.level": "read_uncommitted"}
-    conf = hook.get_consumer_config(spec_options)
+    spec_options = {"client.id": "orders-etl", "fetch.wait.max.ms": "50"}  # what a spec may set (fetch settings)
+    conf = hook.get_consumer_config({**spec_options, "isolation.level": "read_uncommitted"})
     assert conf["isolation.level"] == "read_committed" and conf["enable.auto.commit"] is False
-    assert conf["client.id"] == "orders-etl" and conf["sasl.username"] == "orders"  # the spec's own win
+    assert conf["client.id"] == "orders-etl" and conf["fetch.wait.max.ms"] == "50"
     assert conf["security.protocol"] == "SASL_SSL" and conf["bootstrap.servers"] == "kafka-1:9093"
     # the same settings as the planner's consumer, built from the spec the operators load
     spec = with_kafka_options(parse_spec({"name": "orders", "source": {"topics": ["orders"], "schema": "a STRING",

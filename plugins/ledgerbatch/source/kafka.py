@@ -8,18 +8,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from ledgerbatch.errors import ConfigError, UnavailableError
 from ledgerbatch.model.ranges import TopicPartition as TP
 from ledgerbatch.model.ranges import Watermarks
+from ledgerbatch.source.client_settings import SAFETY
 
 METADATA_TIMEOUT_S = 15.0
-SAFETY = {
-    "enable.auto.commit": False,
-    "enable.auto.offset.store": False,
-    "isolation.level": "read_committed",
-    "auto.offset.reset": "error",  # a range that left the log fails loudly instead of skipping
-}
 
 
 def consumer_config(bootstrap_servers: str, options: dict[str, str] | None = None) -> dict:
-    """Settings of every ledgerbatch consumer: explicit offsets only, never a committed group offset."""
+    """Settings of every ledgerbatch consumer: explicit offsets only, never a committed group offset.
+    `options` are the deployment's with a spec's checked `source.kafka` (spec/pipeline.py: with_kafka_options)."""
     conf = {"bootstrap.servers": bootstrap_servers, "group.id": "ledgerbatch", "log_level": 3}
     conf.update(options or {})
     conf.update(SAFETY)  # never overridable: they are what makes the ranges exact

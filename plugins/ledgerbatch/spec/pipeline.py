@@ -16,6 +16,7 @@ from ledgerbatch.formats.decoders.confluent_wire import CLIENT_OPTIONS
 from ledgerbatch.formats.schema import METADATA, Column, parse_schema
 from ledgerbatch.identifiers import check_ident, qualified
 from ledgerbatch.model.times import SECONDS_PER, epoch_ms
+from ledgerbatch.source.client_settings import check_spec_settings
 
 ON_NEW_DATA = "on_new_data"
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description", "history"}
@@ -196,7 +197,7 @@ def parse_spec(doc: object) -> PipelineSpec:
     metadata = source.get("metadata", [])
     if not isinstance(metadata, list) or any(m not in METADATA for m in metadata) or len(set(metadata)) != len(metadata):
         raise SpecError(f"source.metadata must be a list of distinct items from {', '.join(METADATA)}, got {metadata!r}")
-    kafka_options = _mapping(source.get("kafka", {}), "source.kafka", None)
+    kafka_options = check_spec_settings(_mapping(source.get("kafka", {}), "source.kafka", None))
 
     target_schema, target_table = qualified(_required(target, "table", "target"), "target.table")
     if target_schema in ("ledger", "ledger_staging", "ledger_aggregates", "ledger_deletes"):  # ledgerbatch creates and drops tables there
@@ -285,7 +286,7 @@ def parse_spec(doc: object) -> PipelineSpec:
         min_bad=min_bad,
         on_reject=on_reject,
         schedule=schedule,
-        kafka_options=tuple(sorted((str(k), str(v)) for k, v in kafka_options.items())),
+        kafka_options=tuple(sorted(kafka_options.items())),
         transform=tuple(transform.items()),
         query=query,
         measures=measures,
@@ -488,7 +489,8 @@ def _measures(value: object, mode: str, query: str | None, key: list) -> tuple[t
 
 
 def with_kafka_options(spec: PipelineSpec, options: dict[str, str]) -> PipelineSpec:
-    """The spec with deployment-wide consumer settings (security, ...) under its own."""
+    """The spec with the deployment's consumer settings (brokers' security, ...) under its own fetch settings,
+    the only ones a spec may set (source/client_settings.py), so none of the deployment's is overridden."""
     merged = {**{str(k): str(v) for k, v in options.items()}, **dict(spec.kafka_options)}
     return replace(spec, kafka_options=tuple(sorted(merged.items())))
 

@@ -1,5 +1,5 @@
-"""Specs of the registry formats at run time: the deployment's registry settings under the spec's
-own, and columns from the registry when the spec lists none.
+"""Specs of the registry formats at run time: the deployment's registry settings for the deployment's
+registry (registry_settings), and columns from the registry when the spec lists none.
 
 Without `source.schema`, the columns are the fields of the latest schema of the subject
 `<first topic>-value` (TopicNameStrategy; for Debezium's Avro envelopes the fields of its `after` record),
@@ -27,14 +27,14 @@ from ledgerbatch.spec.pipeline import (
 
 
 def with_registry(spec: PipelineSpec, deployment: dict[str, str]) -> PipelineSpec:
-    """The spec with the deployment's registry settings (LEDGERBATCH_SCHEMA_REGISTRY, or the Airflow
-    connection ledgerbatch_schema_registry) under its own; the columns resolved if it lists none."""
+    """The spec with the registry settings it runs with (registry_settings); the columns resolved if it
+    lists none."""
     if spec.format not in REGISTRY_FORMATS:
         return spec
     unknown = sorted(set(map(str, deployment)) - set(CLIENT_OPTIONS))
     if unknown:
         raise ConfigError(f"schema registry settings {', '.join(unknown)} are unknown (allowed: {', '.join(CLIENT_OPTIONS)})")
-    options = {**{str(k): str(v) for k, v in deployment.items()}, **dict(spec.format_options)}
+    options = registry_settings(dict(spec.format_options), {str(k): str(v) for k, v in deployment.items()})
     if not options.get("url"):
         what = "format debezium with converter avro" if spec.format == DEBEZIUM_AVRO else f"format {spec.format}"
         raise ConfigError(f"pipeline {spec.name}: {what} needs a schema registry url: set "
@@ -42,6 +42,21 @@ def with_registry(spec: PipelineSpec, deployment: dict[str, str]) -> PipelineSpe
                           f"ledgerbatch_schema_registry")
     spec = replace(spec, format_options=tuple(sorted(options.items())))
     return spec if spec.columns else resolve_columns(spec)
+
+
+def registry_settings(own: dict[str, str], deployment: dict[str, str]) -> dict[str, str]:
+    """The registry client's settings: the deployment's (LEDGERBATCH_SCHEMA_REGISTRY, or the Airflow
+    connection ledgerbatch_schema_registry) go only to the registry the deployment names, where they win over
+    the spec's. A spec naming a registry of its own talks to it with its own settings alone, so no
+    spec can have the deployment's credentials sent to a server of its author's choice."""
+    if own.get("url") and not _urls(own["url"]) <= _urls(deployment.get("url", "")):
+        return own
+    return {**own, **deployment}
+
+
+def _urls(url: str) -> set[str]:
+    """The servers a registry url names (the client takes a comma-separated list, each without its last /)."""
+    return {u.strip().rstrip("/") for u in url.split(",") if u.strip()}
 
 
 def subject(spec: PipelineSpec) -> str:
