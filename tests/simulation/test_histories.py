@@ -118,3 +118,18 @@ def test_rollup_merges_under_a_not_valid_check(sim):
         step(s, s.live, "commit")
         step(s, s.rollup)
     s.teardown()
+
+
+def test_live_batch_after_a_checkpoint_of_backfills_only(sim):
+    """Found first by the random search (`--modes changes`, seed 300, and on dd99b59 seed 200 --without strand):
+    a partition that had only a backfill when it was compacted keeps an empty live span [start, start); the
+    next live batch there starts at the same offset, and verify read the two in the wrong order."""
+    for mode in ("append", "changes"):
+        s = sim(mode, first=2)
+        produce(s, 0, "good")
+        step(s, s.live, "commit")
+        step(s, s.redeliver_range, 1, 0, 2)
+        step(s, s.compact_now, "now")
+        produce(s, 1, "good", "good")
+        step(s, s.live, "commit")
+        s.teardown()
