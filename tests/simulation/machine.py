@@ -47,6 +47,7 @@ class Simulation(RuleBasedStateMachine):
     modes = tuple(PIPES)
     strand = True  # walk away from some replays (--without strand looks past a fault that strands them)
     drawn: dict[str, int] = {}  # rule -> times drawn, over every history of the run
+    histories: dict[str, list[int]] = {}  # mode -> [histories run, histories failing]
 
     def __init__(self):
         super().__init__()
@@ -70,6 +71,7 @@ class Simulation(RuleBasedStateMachine):
     def begin(self, mode: str, attach_min_rows: int = 4, first: int = 0) -> None:
         """A new pipeline that starts at the log's end: the `first` offsets of each partition are for backfills."""
         self.model = Model(mode, self.world)
+        Simulation.histories.setdefault(mode, [0, 0])[0] += 1
         self.pipe = staged.Pipe(self.directory, max_ratio=1.0, **PIPES[mode])
         extra = {"source": {"start": "latest"}}
         if mode == "append":
@@ -262,10 +264,16 @@ class Simulation(RuleBasedStateMachine):
         assert not problems, f"verify: {problems}"
 
     def teardown(self):
+        failed = _failed()  # a step failed: no settling on top of it
         try:
-            if self.pipe is not None and not _failed():
+            if self.pipe is not None and not failed:
                 self._settle()
+        except Exception:
+            failed = True
+            raise
         finally:
+            if self.pipe is not None and failed:
+                Simulation.histories[self.model.mode][1] += 1
             self._kafka.close()
 
     def _settle(self):

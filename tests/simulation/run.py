@@ -71,12 +71,15 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="steps per history, at most")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the product's warnings (skips, pauses) are the history's own steps
-    engine = make_engine(fresh_database(Settings.from_env().db_url, "ledgerbatch_simulation"))
+    # a database of its own: runs side by side never share one
+    engine = make_engine(fresh_database(Settings.from_env().db_url, f"ledgerbatch_simulation_{os.getpid()}"))
     migrate(engine)
     failed = explore(engine, args.minutes * 60, args.seed, examples=args.examples, steps=args.steps,
                      modes=tuple(args.modes.split(",")), keep_going=args.keep_going,
                      shrink=not args.no_shrink, strand="strand" not in args.without)
-    print(f"histories by rule: {dict(sorted(Simulation.drawn.items()))}")
+    print(f"steps by rule: {dict(sorted(Simulation.drawn.items()))}")
+    print("histories by mode (run, failing; Hypothesis replays a failing one while it shrinks): "
+          + ", ".join(f"{m} {n} {f}" for m, (n, f) in sorted(Simulation.histories.items())))
     print(f"failing seeds: {failed}" if failed else "no failing history")
     return 1 if failed else 0
 
