@@ -3,7 +3,7 @@ failing round replays with LEDGERBATCH_SIM_SEED=<seed>). Hypothesis shrinks a fa
 one and prints it step by step.
 
     python -m tests.simulation.run --minutes 60 [--seed N] [--modes append,changes] [--keep-going]
-        [--without strand] [--no-shrink] [--examples 10] [--steps 40]
+        [--without strand|KIND ...] [--no-shrink] [--examples 10] [--steps 40]
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .machine import PIPES, Simulation
 
 def explore(engine, seconds: float, first_seed: int | None = None, examples: int = 10, steps: int = 40,
             modes: tuple[str, ...] = tuple(PIPES), keep_going: bool = False, shrink: bool = True,
-            strand: bool = True) -> list[int]:
+            without: frozenset[str] = frozenset()) -> list[int]:
     """Rounds of `examples` histories of up to `steps` steps until `seconds` pass; the failing rounds' seeds.
     Without `keep_going` the first failure is raised (after Hypothesis shrank it)."""
     Simulation.engine = engine
@@ -38,7 +38,7 @@ def explore(engine, seconds: float, first_seed: int | None = None, examples: int
         seed = int(replay) if replay else rng.randrange(1 << 30)
         print(f"simulation round: LEDGERBATCH_SIM_SEED={seed} modes={','.join(modes)}", flush=True)
         machine = type("Simulation", (Simulation,), {})
-        machine.modes, machine.strand = modes, strand
+        machine.modes, machine.without = modes, without
         factory = with_seed(seed)(lambda: machine())
         try:
             run_state_machine_as_test(factory, settings=settings(
@@ -64,8 +64,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--modes", default=",".join(PIPES))
     parser.add_argument("--keep-going", action="store_true")
-    parser.add_argument("--without", choices=["strand"], action="append", default=[],
-                        help="strand: never walk away from a planned replay (to look past that fault)")
+    parser.add_argument("--without", choices=["strand", "poison", "negative", "flagged", "long", "tombstone"],
+                        action="append", default=[], help="to look past a fault found: strand, never walk away from "
+                        "a planned replay; a record kind, never produced")
     parser.add_argument("--no-shrink", action="store_true", help="report a failing history as found, unshrunk")
     parser.add_argument("--examples", type=int, default=10, help="histories per round")
     parser.add_argument("--steps", type=int, default=40, help="steps per history, at most")
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     migrate(engine)
     failed = explore(engine, args.minutes * 60, args.seed, examples=args.examples, steps=args.steps,
                      modes=tuple(args.modes.split(",")), keep_going=args.keep_going,
-                     shrink=not args.no_shrink, strand="strand" not in args.without)
+                     shrink=not args.no_shrink, without=frozenset(args.without))
     print(f"steps by rule: {dict(sorted(Simulation.drawn.items()))}")
     print("histories by mode (run, failing; Hypothesis replays a failing one while it shrinks): "
           + ", ".join(f"{m} {n} {f}" for m, (n, f) in sorted(Simulation.histories.items())))
