@@ -113,3 +113,33 @@ def test_a_spec_naming_its_own_registry_is_sent_no_deployment_credentials():
     assert seen and all(auth is None for auth in seen)
     secret = base64.b64encode(DEPLOYMENT_REGISTRY["basic.auth.user.info"].encode()).decode()
     assert secret not in repr(seen)
+
+
+def with_transform(transform):
+    return {"name": "orders", "source": {"topics": ["orders"], "schema": "order_id STRING, customer STRING"},
+            "target": {"table": "public.orders"}, "transform": transform}
+
+
+@pytest.mark.parametrize("sql, why", [
+    ("SELECT *, java_method('java.lang.System', 'getenv', 'LEDGERBATCH_DB_URL') AS note FROM batch", "reflection"),
+    ("SELECT *, `reflect`('java.lang.System', 'getenv', 'X') AS note FROM batch", "reflection"),
+    ("SELECT *, system.builtin.Try_Reflect/**/('java.lang.System', 'getenv', 'X') AS note FROM batch", "reflection"),
+    ("SELECT TRANSFORM(order_id) USING 'cat /etc/passwd' AS (note) FROM batch", "runs a shell command"),
+    ("SELECT b.*, f.value AS note FROM batch b CROSS JOIN text.`/etc/passwd` f", "reads a file"),
+    ("SELECT b.*, f.value AS note FROM batch b CROSS JOIN parquet . `file:/tmp/x` f", "reads a file"),
+    ("SELECT *, IDENTIFIER('reflect')('java.lang.System', 'getenv', 'X') AS note FROM batch", "builds a name"),
+])
+def test_a_transform_may_read_only_its_batch(sql, why):
+    with pytest.raises(SpecError, match=f"transform: .*{why}.*a transform may read only its batch"):
+        parse_spec(with_transform(sql))
+    if sql.startswith("SELECT *, "):  # the per-column form of the same expression too
+        expression = sql.removeprefix("SELECT *, ").rsplit(" AS note", 1)[0]
+        with pytest.raises(SpecError, match=f"transform.customer: .*{why}"):
+            parse_spec(with_transform({"customer": expression}))
+
+
+def test_transforms_that_only_name_such_words_in_text_or_comments_pass():
+    for sql in ("SELECT *, 'java_method reflect text.`/etc`' AS note FROM batch -- reflect(\n",
+                "SELECT a.*, transform(array(customer), x -> upper(x)) AS t FROM batch a JOIN batch b USING (_offset)"):
+        assert parse_spec(with_transform(sql)).query
+    assert parse_spec(with_transform({"customer": "concat(customer, ':/', 'reflect')"})).transform

@@ -23,6 +23,7 @@ import uuid
 
 from ledgerbatch.errors import ConfigError
 from ledgerbatch.spark.package import PACKAGE_DIR, package_zip
+from ledgerbatch.spark.session import NO_FILE_RELATIONS
 
 log = logging.getLogger(__name__)
 CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"  # set by PySpark in a process that made a Connect session
@@ -90,10 +91,11 @@ def _create(remote: str):
 
 
 def _prepare(spark, app_name: str):
-    """Ship the package and set the time zone, once per session: a kept session remembers that it holds
+    """Ship the package, set the time zone and turn file relations off, once per session: a kept session remembers that it holds
     them (session conf `ledgerbatch.prepared`), so attaching costs one round trip."""
     if spark.conf.get(_PREPARED, None) != package_digest():
         spark.conf.set("spark.sql.session.timeZone", "UTC")
+        spark.conf.set(*NO_FILE_RELATIONS)
         try:
             spark.addArtifacts(shipped_zip(), pyfile=True)
         except Exception as exc:  # an attempt that died before marking the session added it: same digest, same zip

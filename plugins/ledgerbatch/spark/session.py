@@ -14,6 +14,9 @@ from pathlib import Path
 
 from ledgerbatch.spark.package import package_zip
 
+# A transform's SQL reads its batch, never a file named in it (text.`/etc/passwd`): docs/transforms.md
+NO_FILE_RELATIONS = ("spark.sql.runSQLOnFiles", "false")
+
 
 def is_connect(spark) -> bool:
     """Whether `spark` is a Spark Connect session (no SparkContext, no JVM in this process)."""
@@ -28,6 +31,10 @@ def get_spark(master: str | None = None, app_name: str = "ledgerbatch", remote: 
 
         return connect_session(remote, app_name)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master and master.startswith("local"):
+        # A local driver needs no other host: its UI and ports stay on loopback (Spark's UI binds to
+        # SPARK_LOCAL_IP, else every interface) unless the environment says otherwise.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     venv_first_on_path()
     from pyspark.sql import SparkSession
 
@@ -36,6 +43,8 @@ def get_spark(master: str | None = None, app_name: str = "ledgerbatch", remote: 
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.worker.reuse", "true")
+        .config(*NO_FILE_RELATIONS)
+        .config("spark.ui.killEnabled", "false")  # the UI has no login: it may show, never stop, a job
     )
     if master:
         builder = builder.master(master)

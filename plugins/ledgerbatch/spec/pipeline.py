@@ -17,6 +17,7 @@ from ledgerbatch.formats.schema import METADATA, Column, parse_schema
 from ledgerbatch.identifiers import check_ident, qualified
 from ledgerbatch.model.times import SECONDS_PER, epoch_ms
 from ledgerbatch.source.client_settings import check_spec_settings
+from ledgerbatch.spec.sql_rights import check_sql
 
 ON_NEW_DATA = "on_new_data"
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description", "history"}
@@ -459,11 +460,13 @@ def _transform(value: object) -> tuple[str | None, dict]:
         if not re.search(r"\bbatch\b", value, re.I):
             raise SpecError("transform: the query must read the view `batch` (the batch's parsed records), "
                             "e.g. SELECT *, amount * 100 AS cents FROM batch")
+        check_sql(value, "transform")
         return value.strip().rstrip(";"), {}
     transform = _mapping(value, "transform", None)
     for column, expression in transform.items():
         if not isinstance(expression, str) or not expression.strip():
             raise SpecError(f"transform.{column} must be a Spark SQL expression string")
+        check_sql(expression, f"transform.{column}")
     return None, transform
 
 
