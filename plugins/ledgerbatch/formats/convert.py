@@ -25,6 +25,9 @@ from ledgerbatch.formats.schema import Column
 
 INT_BOUNDS = {"SMALLINT": 2**15, "INT": 2**31, "BIGINT": 2**63}  # also the chunk paths' (avro_columns.py)
 _FLOAT_MAX = 3.4028234663852886e38
+# How deep a VARIANT value may nest. Deeper is a bad record ("nested too deeply"): converting and writing
+# it recurse about four Python frames a level, and a record must never exhaust the task's stack.
+MAX_DEPTH = 200
 _WIDE = Context(prec=100)  # room to round any value that can fit DECIMAL(38, s) before the range check
 # The range of Python's datetime and date, which every TIMESTAMP and DATE value passes through here: in
 # microseconds and days since the epoch, for the chunk paths (json_columns.py, avro_columns.py).
@@ -242,12 +245,14 @@ def _scalar_json(v):
     return v
 
 
-def _variant(v):
+def _variant(v, depth: int = 0):
     """Any value as JSON: natives of registry formats written the way they would be in JSON."""
+    if isinstance(v, (dict, list, tuple)) and depth >= MAX_DEPTH:
+        raise BadValue(f"nested too deeply (more than {MAX_DEPTH} levels)")
     if isinstance(v, dict):
-        return {str(k): _variant(x) for k, x in v.items()}
+        return {str(k): _variant(x, depth + 1) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_variant(x) for x in v]
+        return [_variant(x, depth + 1) for x in v]
     if isinstance(v, (bytes, bytearray)):
         return base64.b64encode(v).decode()
     if isinstance(v, uuid.UUID):

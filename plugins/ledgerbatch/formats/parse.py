@@ -82,6 +82,8 @@ def typed_values(obj, columns: tuple[Column, ...], converters: list[Callable]) -
             raise BadValue(f"field {col.name}{''.join(exc.path)}: {exc}") from None
         except (ValueError, OverflowError, ArithmeticError) as exc:  # out of range for the type
             raise BadValue(f"field {col.name}: {show(v)} does not convert to {col.spark_ddl} ({exc})") from None
+        except RecursionError:  # a value a decoder built deeper than any converter's own limit
+            raise BadValue(f"field {col.name}: nested too deeply") from None
     return tuple(out)
 
 
@@ -133,7 +135,7 @@ class Parser:
         """The typed values of one record: one quick pass, and typed_values to say which field is bad."""
         try:
             return [None if (v := obj.get(name)) is None else convert(v) for name, convert in self.fields]
-        except (ValueError, OverflowError, ArithmeticError):  # BadValue included
+        except (ValueError, OverflowError, ArithmeticError, RecursionError):  # BadValue included
             return typed_values(obj, self.columns, self.converters)  # raises, naming the field
 
     def _change(self, key: bytes | None, raw: bytes | None) -> tuple[str, list | tuple]:

@@ -12,6 +12,51 @@ from ledgerbatch.formats.bad_value import BadValue
 from ledgerbatch.formats.decoders.confluent_wire import WRITER_SCHEMA_ONLY, decode_framed, registry_client, schema_id
 
 
+def unbounded_items(parsed) -> str | None:
+    """Why values of a (fastavro-parsed) writer schema could claim any number of items, or None.
+
+    An Avro array is a count and then its items: items of a type that takes no bytes (null, an empty
+    record, fixed of size 0) let a value of a few bytes claim 2^60 of them, which the reader would build
+    one by one. Any other item takes at least a byte, so a value holds at most as many items as bytes;
+    map entries always do (each has a key)."""
+    named = parsed.get("__named_schemas", {}) if isinstance(parsed, dict) else {}
+
+    def zero_size(t, seen=frozenset()) -> bool:
+        if isinstance(t, str):
+            return t == "null" or (t in named and t not in seen and zero_size(named[t], seen | {t}))
+        if not isinstance(t, dict):
+            return False  # a union: its branch index takes a byte
+        kind = t.get("type")
+        if kind in ("record", "error"):
+            return all(zero_size(f["type"], seen) for f in t.get("fields", ()))
+        if kind == "fixed":
+            return t.get("size") == 0
+        return kind not in ("array", "map", "enum") and zero_size(kind, seen)
+
+    def find(t, where: str, seen: frozenset):
+        if isinstance(t, list):
+            return next((r for b in t if (r := find(b, where, seen))), None)
+        if isinstance(t, str):
+            return find(named[t], where, seen | {t}) if t in named and t not in seen else None
+        if not isinstance(t, dict):
+            return None
+        kind = t.get("type")
+        if kind == "array":
+            if zero_size(t["items"]):
+                items = t["items"] if isinstance(t["items"], str) else t["items"].get("name", t["items"].get("type"))
+                return f"{where or 'the value'} is an array of items that take no bytes ({items})"
+            return find(t["items"], f"{where}[]", seen)
+        if kind == "map":
+            return find(t["values"], f"{where}{{}}", seen)
+        if kind in ("record", "error"):
+            inner = seen | {t.get("name")}
+            return next((r for f in t.get("fields", ()) if (r := find(f["type"], f"{where}.{f['name']}".lstrip("."),
+                                                                       inner))), None)
+        return find(kind, where, seen) if isinstance(kind, (dict, list, str)) else None  # {"type": <a type>}
+
+    return find(parsed, "", frozenset())
+
+
 class WriterSchemas:
     """Reads wire-format values with their writer schemas: each schema fetched (by id) and parsed once."""
 
@@ -21,6 +66,7 @@ class WriterSchemas:
         self._client = registry_client(options)
         self._resolver = AvroDeserializer(self._client, conf=WRITER_SCHEMA_ONLY)
         self._parsed = {}  # schema id -> parsed writer schema; no reader schema, so fields come and go freely
+        self._refused = {}  # schema id -> why its values are not read (unbounded_items)
 
     def read(self, raw: bytes | None) -> tuple[object, int]:
         """(the datum, its writer schema id); a bad value raises BadValue, an outage RegistryUnavailable."""
@@ -44,7 +90,12 @@ class WriterSchemas:
         payload = dual_schema_id_deserializer(raw, None, sid)
         writer = self._parsed.get(sid.id)
         if writer is None:
-            writer = self._parsed[sid.id] = self._resolver._get_parsed_schema(self._client.get_schema(sid.id))
+            writer = self._resolver._get_parsed_schema(self._client.get_schema(sid.id))
+            self._refused[sid.id] = unbounded_items(writer)
+            self._parsed[sid.id] = writer
+        if self._refused[sid.id]:
+            raise BadValue(f"writer schema id {sid.id} is not read: {self._refused[sid.id]}, so a value of a few "
+                           f"bytes could claim any number of them")
         return schemaless_reader(payload, writer, None)
 
 
