@@ -71,3 +71,21 @@ def test_items_that_take_bytes_are_read():
                  {"type": "map", "values": "null"}, {"type": "array", "items": {"type": "array", "items": "int"}},
                  {"type": "array", "items": {"type": "enum", "name": "E", "symbols": ["a"]}}):
         assert reason(fine) is None, fine
+
+
+def test_an_avro_value_nested_deep_under_a_recursive_schema_is_quarantined(registry):
+    """fastavro's compiled reader recursed in C and crashed the process (SIGSEGV) on a 5 KB value."""
+    schema = {"type": "record", "name": "Node", "fields": [
+        {"name": "id", "type": "string"}, {"name": "next", "type": ["null", "Node"]}]}
+    sid = register(registry.url, "hostile_recursive-value", schema)
+
+    def value(depth: int) -> bytes:
+        return b"\0" + struct.pack(">I", sid) + (zigzag(1) + b"x" + zigzag(1)) * depth + zigzag(1) + b"x" + zigzag(0)
+
+    decoder = AvroDecoder({"url": registry.url})
+    assert decoder.decode(value(3))["next"]["next"]["next"] == {"id": "x", "next": None}
+    with pytest.raises(BadValue, match=rf"value nested too deeply for writer schema id {sid} \(a recursive type\)"):
+        decoder.decode(value(5000))
+    parser = make_parser(parse_columns("id STRING"), (), "avro", {"url": registry.url}, ())
+    shallow, deep = staged_errors(parser, [value(2), value(5000)])
+    assert shallow is None and deep.startswith("value nested too deeply")

@@ -17,7 +17,7 @@ import io
 import json
 
 from ledgerbatch.formats.avro_vectors import VectorPlan
-from ledgerbatch.formats.decoders.avro import AvroDecoder, unbounded_items
+from ledgerbatch.formats.decoders.avro import AvroDecoder, recursive, unbounded_items
 from ledgerbatch.formats.convert import INT_BOUNDS, MAX_DAY, MAX_US, MIN_DAY, MIN_US
 from ledgerbatch.formats.schema import Column
 
@@ -136,8 +136,8 @@ class _Plan:
             parsed = parse_schema(record)
         except Exception:  # fastavro refuses the schema: the per-record path reports it
             return None
-        # values that could claim unbounded items are refused by the per-record path (WriterSchemas)
-        return None if unbounded_items(parsed) else cls(parsed, reads, vectors)
+        # values that could claim unbounded items, or nest without bound, are for the per-record path (WriterSchemas)
+        return None if unbounded_items(parsed) or recursive(parsed) else cls(parsed, reads, vectors)
 
 
 class _Read:

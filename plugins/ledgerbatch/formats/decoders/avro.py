@@ -57,6 +57,27 @@ def unbounded_items(parsed) -> str | None:
     return find(parsed, "", frozenset())
 
 
+def recursive(parsed) -> bool:
+    """Whether a (fastavro-parsed) writer schema has a type that contains itself (a list, a tree). fastavro's
+    compiled reader recurses in C once a level, so a value of a few KB nested that deep crashes the process;
+    such schemas are read with its pure-Python reader, whose RecursionError makes a bad record."""
+    named = parsed.get("__named_schemas", {}) if isinstance(parsed, dict) else {}
+
+    def reaches(t, path: frozenset) -> bool:
+        if isinstance(t, str):
+            return t in path or (t in named and reaches(named[t], path | {t}))
+        if isinstance(t, list):
+            return any(reaches(b, path) for b in t)
+        if not isinstance(t, dict):
+            return False
+        name = t.get("name") if t.get("type") in ("record", "error") else None
+        inner = path | {name} if name else path
+        return any(reaches(x, inner) for x in (t.get("items"), t.get("values"), t.get("type") if isinstance(
+            t.get("type"), (dict, list)) else None, *(f["type"] for f in t.get("fields", ()))) if x is not None)
+
+    return reaches(parsed, frozenset())
+
+
 class WriterSchemas:
     """Reads wire-format values with their writer schemas: each schema fetched (by id) and parsed once."""
 
@@ -67,6 +88,7 @@ class WriterSchemas:
         self._resolver = AvroDeserializer(self._client, conf=WRITER_SCHEMA_ONLY)
         self._parsed = {}  # schema id -> parsed writer schema; no reader schema, so fields come and go freely
         self._refused = {}  # schema id -> why its values are not read (unbounded_items)
+        self._readers = {}  # schema id -> fastavro's compiled reader, or its pure-Python one (recursive)
 
     def read(self, raw: bytes | None) -> tuple[object, int]:
         """(the datum, its writer schema id); a bad value raises BadValue, an outage RegistryUnavailable."""
@@ -84,7 +106,7 @@ class WriterSchemas:
         from confluent_kafka.schema_registry import dual_schema_id_deserializer
         from confluent_kafka.schema_registry.common.avro import AVRO_TYPE
         from confluent_kafka.schema_registry.serde import SchemaId
-        from fastavro import schemaless_reader
+        from fastavro import _read_py, schemaless_reader
 
         sid = SchemaId(AVRO_TYPE)
         payload = dual_schema_id_deserializer(raw, None, sid)
@@ -92,11 +114,15 @@ class WriterSchemas:
         if writer is None:
             writer = self._resolver._get_parsed_schema(self._client.get_schema(sid.id))
             self._refused[sid.id] = unbounded_items(writer)
+            self._readers[sid.id] = _read_py.schemaless_reader if recursive(writer) else schemaless_reader
             self._parsed[sid.id] = writer
         if self._refused[sid.id]:
             raise BadValue(f"writer schema id {sid.id} is not read: {self._refused[sid.id]}, so a value of a few "
                            f"bytes could claim any number of them")
-        return schemaless_reader(payload, writer, None)
+        try:
+            return self._readers[sid.id](payload, writer, None)
+        except RecursionError:
+            raise BadValue(f"value nested too deeply for writer schema id {sid.id} (a recursive type)") from None
 
 
 class AvroDecoder:
