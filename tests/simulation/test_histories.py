@@ -47,13 +47,15 @@ def test_backfill_after_compaction_keeps_deleted_keys_deleted(sim):
 
 def test_backfill_of_a_gap_between_folded_backfills(sim):
     """repro_folded_backfill_gap: offsets no batch delivered stay backfillable after compaction folded the
-    backfills around them, and are counted once."""
+    backfills around them, and are counted once; a range only partly delivered is refused. (Found by the
+    random search too, on dd99b59: seed 600 --modes append --without strand --without long --without flagged.)"""
     for mode in ("append", "changes"):
         s = sim(mode, first=9)
         step(s, s.live, "commit")
         step(s, s.redeliver_range, 0, 0, 3)
         step(s, s.redeliver_range, 0, 6, 9)
         step(s, s.compact_now, "now")
+        step(s, s.redeliver_range, 0, 2, 7)  # part delivered, part not: refused (dd99b59 took it as a replay)
         step(s, s.redeliver_range, 0, 3, 6)
         step(s, s.compact_now, "now")
         s.teardown()
