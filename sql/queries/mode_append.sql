@@ -34,6 +34,27 @@ ALTER TABLE ledger_staging.{partition} SET SCHEMA {schema};
 ALTER TABLE {schema}.{table} ATTACH PARTITION {schema}.{partition} FOR VALUES FROM (:batch_id) TO ({upper});
 ALTER TABLE {schema}.{partition} DROP CONSTRAINT staged_batch_only;
 
+-- name: staging_pruned
+-- Whether the ATTACH would build an index over rows commit/rejects.py removed from this staging table in this
+-- transaction (ledgerbatch.pruned_staging): their versions stay in the table until the commit and an index
+-- build takes them too, so a key too long for the index would fail the ATTACH again, on every round. True
+-- where the target has an index the staging table lacks (any but the coordinates' unique one, which staging
+-- built before the rows were removed): the rest of the batch is then copied.
+SELECT coalesce(current_setting('ledgerbatch.pruned_staging', true), '') = :staging
+   AND EXISTS (
+       SELECT 1 FROM pg_index p
+       WHERE p.indrelid = to_regclass(quote_ident(:schema) || '.' || quote_ident(:table))
+         AND NOT EXISTS (
+             SELECT 1 FROM pg_index s
+             WHERE s.indrelid = to_regclass('ledger_staging.' || quote_ident(:staging))
+               AND s.indisunique = p.indisunique
+               AND s.indexprs IS NULL AND p.indexprs IS NULL AND s.indpred IS NULL AND p.indpred IS NULL
+               AND ARRAY(SELECT a.attname FROM unnest(CAST(s.indkey AS int2[])) WITH ORDINALITY k(attnum, i)
+                         JOIN pg_attribute a ON a.attrelid = s.indrelid AND a.attnum = k.attnum ORDER BY k.i)
+                 = ARRAY(SELECT a.attname FROM unnest(CAST(p.indkey AS int2[])) WITH ORDINALITY k(attnum, i)
+                         JOIN pg_attribute a ON a.attrelid = p.indrelid AND a.attnum = k.attnum ORDER BY k.i)))
+   AS copy;
+
 -- name: create_partition
 -- An empty partition where a big batch's staging table would be attached: commit/rejects.py copies runs of
 -- the batch's rows into it while it looks for the rows the target refuses.

@@ -34,10 +34,15 @@ WHERE _unit = ANY(CAST(:units AS bigint[]))
 GROUP BY 1, 2;
 
 -- name: delete_rejected
+-- The refused rows leave staging, and the rest of the transaction is told (ledgerbatch.pruned_staging): their
+-- versions stay in the staging table until the commit, and an index built over it (an ATTACH's) would take
+-- them too, so an append batch whose target has indexes of the user's is copied instead (mode_append.sql:
+-- staging_pruned).
 DELETE FROM ledger_staging.{staging} s
 USING ledger_staging.{units} u
 WHERE u._unit = ANY(CAST(:units AS bigint[]))
   AND s._topic = u._topic AND s._partition = u._partition AND s._offset = u._offset;
+SELECT set_config('ledgerbatch.pruned_staging', :staging, true);
 
 -- name: drop_units
 DROP VIEW ledger_staging.{slice};

@@ -1,6 +1,7 @@
 """The hostile-target contract: a target table with rules of its own (triggers, CHECKs that compute or read
 columns the user added, DEFAULT, identity and generated columns, deferred constraints, an exclusion
-constraint, a partial unique index, a narrowed type), in every target mode and both append paths, under a
+constraint, a partial unique index, a narrowed type, a CHECK added NOT VALID, a trigger raising its own
+SQLSTATE, an index whose entry for one row is too long), in every target mode and both append paths, under a
 live batch, a replay and a backfill. Every time: the good rows written once, the refused rows quarantined
 once with their SQLSTATE and constraint, the counts reconciled, `verify` and the per-key comparison of
 `verify --deep` clean, and a second replay of the range changes nothing. An aggregate's group stands for
@@ -50,6 +51,12 @@ class Rule:
 
 TRIGGER = ("CREATE FUNCTION {n}_embargo() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
            "IF NEW.order_id = 'o-4' THEN RAISE EXCEPTION 'order o-4 is embargoed'; END IF; RETURN NEW; END $$")
+OWN_CODE = ("CREATE FUNCTION {n}_embargo() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.order_id = 'o-4' THEN "
+            "RAISE EXCEPTION 'order o-4 is embargoed' USING ERRCODE = 'LB001'; END IF; RETURN NEW; END $$")
+# An index entry of random bytes, 704 per character of the order id: o-77's (2,816 bytes) is over the btree
+# maximum (2,704), the others' (2,112) are not; random bytes do not compress.
+WIDE = ("CREATE FUNCTION {n}_wide(text) RETURNS bytea IMMUTABLE LANGUAGE sql AS $$ SELECT decode(string_agg("
+        "md5($1 || i), '' ORDER BY i), 'hex') FROM generate_series(1, 44 * length($1)) i $$")
 AUDIT = ("CREATE FUNCTION {n}_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
          "INSERT INTO {n}_audit VALUES (to_jsonb(NEW)); RETURN NEW; END $$")
 # {k}: what a unique constraint covers; an append target is partitioned by _batch_id, which it must include
@@ -57,12 +64,19 @@ RULES = [
     Rule("before trigger refuses", (TRIGGER, "CREATE TRIGGER embargo BEFORE INSERT OR UPDATE ON {t} "
                                              "FOR EACH ROW EXECUTE FUNCTION {n}_embargo()"),
          {"o-4": ("P0001", None)}),
+    Rule("trigger with its own SQLSTATE", (OWN_CODE, "CREATE TRIGGER embargo BEFORE INSERT OR UPDATE ON {t} "
+                                                     "FOR EACH ROW EXECUTE FUNCTION {n}_embargo()"),
+         {"o-4": ("LB001", None)}),
     Rule("after trigger audits", ("CREATE TABLE {n}_audit (new jsonb)", AUDIT,
                                   "CREATE TRIGGER audit AFTER INSERT OR UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {n}_audit()",
                                   "ALTER TABLE {t} ADD CONSTRAINT {n}_cap CHECK (amount <= 100)"),
          {"o-4": ("23514", "cap")}),
     Rule("CHECK that divides", ("ALTER TABLE {t} ADD CONSTRAINT {n}_per_mille CHECK (1000 / amount <= 500)",),
          {"o-0": ("23514", "per_mille"), "o-2": ("22012", None)}),
+    Rule("CHECK added NOT VALID", ("ALTER TABLE {t} ADD CONSTRAINT {n}_cap CHECK (amount <= 100) NOT VALID",),
+         {"o-4": ("23514", "cap")}),
+    Rule("index entry too long", (WIDE, "CREATE INDEX {n}_wide ON {t} ({n}_wide(order_id))"),
+         {"o-77": ("54000", "wide")}),
     Rule("CHECK over an added column", ("ALTER TABLE {t} ADD COLUMN channel text NOT NULL DEFAULT 'web'",
                                         "ALTER TABLE {t} ADD CONSTRAINT {n}_vip_only CHECK (amount <= 100 OR channel = 'vip')"),
          {"o-4": ("23514", "vip_only")}),

@@ -5,6 +5,8 @@ the batch and leave nothing quarantined, and the next commit delivers."""
 from __future__ import annotations
 
 import json
+import random
+import string
 from types import SimpleNamespace as Namespace
 
 import pytest
@@ -22,6 +24,8 @@ from .staged import batch, cursors, quarantine, refused, staged_batch, target, t
 pytestmark = pytest.mark.integration
 
 GOOD = [(0, 0, "o-0", "1.00"), (0, 1, "o-1", "2.00"), (0, 2, "o-2", "3.00"), (0, 3, "o-3", "4.00")]
+# 4,000 characters that compression cannot shrink below the btree maximum
+LONG_KEY = "".join(random.Random(7).choices(string.ascii_letters + string.digits, k=4000))
 
 
 def tighten(engine, p, *statements: str) -> None:
@@ -51,6 +55,20 @@ REFUSALS = {
                 [(0, 4, "o-7", "5.00")], "P0001", None),
     "unique index": (["CREATE UNIQUE INDEX {name}_one_per_amount ON {t} (amount, _batch_id)"],
                      [(0, 4, "o-4", "2.00")], "23505", True),
+    "check added NOT VALID": (["ALTER TABLE {t} ADD CONSTRAINT positive CHECK (amount > 0) NOT VALID"],
+                              [(0, 4, "o-4", "-1.00")], "23514", "positive"),
+    "trigger's own SQLSTATE": (["CREATE FUNCTION public.{name}_no_7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                                "IF NEW.order_id = 'o-7' THEN RAISE EXCEPTION 'order o-7 is embargoed' "
+                                "USING ERRCODE = 'LB001'; END IF; RETURN NEW; END $$",
+                                "CREATE TRIGGER no_7 BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION public.{name}_no_7()"],
+                               [(0, 4, "o-7", "5.00")], "LB001", None),
+    "trigger's ASSERT": (["CREATE FUNCTION public.{name}_no_7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                          "ASSERT NEW.order_id <> 'o-7', 'order o-7 is embargoed'; RETURN NEW; END $$",
+                          "CREATE TRIGGER no_7 BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION public.{name}_no_7()"],
+                         [(0, 4, "o-7", "5.00")], "P0004", None),
+    # a key longer than a btree index entry may be (about 2.7 KB): "index row size ... exceeds btree maximum"
+    "key too long for an index": (["CREATE INDEX {name}_by_order ON {t} (order_id)"],
+                                  [(0, 4, LONG_KEY, "5.00")], "54000", "{name}_by_order"),
 }
 
 
@@ -70,7 +88,10 @@ def test_each_refusal_is_quarantined_with_its_reason(engine, make_pipe, monkeypa
     assert [r[:3] for r in target(engine, p)] == [(0, 0, "o-0"), (0, 1, "o-1"), (0, 2, "o-2"), (0, 3, "o-3")]
     got = refused(engine, p)
     assert [r[:4] for r in got] == [(0, 4, s.batch_id, sqlstate)]
-    assert got[0][4] == constraint if constraint is not True else "amount" in got[0][4]
+    if constraint is True:  # an index PostgreSQL named
+        assert "amount" in got[0][4]
+    else:
+        assert got[0][4] == (constraint and constraint.format(name=p.table))
     assert "refused by the target: " in quarantine(engine, p)[0][3]
     with engine.connect() as conn:
         ranges = conn.execute(text("SELECT records_read, records_rejected FROM ledger.batch_ranges WHERE batch_id = :b"),

@@ -1,25 +1,29 @@
 """Rows the target refuses at publish (`errors.on_reject: quarantine`), found inside the commit's transaction.
 
-The batch is published in a savepoint. Where the server refuses a row (a data exception or an integrity
-violation: SQLSTATE classes 22 and 23, or a trigger's RAISE, P0001), the staged rows are numbered in the
-mode's order and probed: a run of rows is published in a savepoint of its own and kept if the server takes
-it. Where the refusal names a CHECK or NOT NULL, the rows that break it come from one scan with the server's
-own definition, each confirmed by a probe of its own (k probes for k rows); otherwise runs are halved down
-to single rows, which are the refused ones (O(k log n) probes). A clean batch pays one savepoint. The
-probes are then rolled back, the refused rows moved from
-staging to ledger.quarantine with the server's reason, and the rest published once, as a clean batch is
-(an append target may still take the staging table as a partition: it holds no refused row). Rows are
-judged together with the rows published before them, so a row the rest of the batch makes unacceptable
-(a duplicate of a user's unique index) is found as well; a final publish that is still refused goes round
-again, each round taking at least one row out.
+The batch is published in a savepoint. Where the server refuses a row (commit/row_errors.py decides which
+errors are a row's: a data exception or an integrity violation, SQLSTATE classes 22 and 23; a program
+limit such as a key too long for a btree index, class 54; a trigger's RAISE, class P0, or a code of the
+trigger's own such as 'LB001'), the staged rows are numbered in the mode's order and probed: a run of rows
+is published in a savepoint of its own and kept if the server takes it. Where the refusal names a CHECK or
+NOT NULL, the rows that break it come from one scan with the server's own definition, each confirmed by a
+probe of its own (k probes for k rows); otherwise runs are halved down to single rows, which are the
+refused ones (O(k log n) probes). A clean batch pays one savepoint. The probes are then rolled back, the
+refused rows moved from staging to ledger.quarantine with the server's reason, and the rest published
+once, as a clean batch is (an append target may still take the staging table as a partition: it holds
+no refused row; but where the ATTACH would build an index, the rows are copied instead: the removed rows'
+versions stay in the staging table until the commit, and the index build would take them too). Rows
+are judged together with the rows published before them, so a row the rest of the batch makes
+unacceptable (a duplicate of a user's unique index) is found as well; a final publish that is still
+refused goes round again, each round taking at least one row out.
 
 Deferred constraints (`DEFERRABLE INITIALLY DEFERRED` foreign keys and uniques) are checked at each
 statement while the batch is published and probed (SET CONSTRAINTS ALL IMMEDIATE), so what they refuse
 is a refused row too, never a COMMIT or an ATTACH that fails for the whole batch on every retry; they are
 deferred again after the publish.
 
-Any other error (connection lost, deadlock, serialization failure, lock timeout, disk full, permission
-denied) is the server's state, not the row's: it fails the batch, which is retried; nothing is quarantined.
+Any other error (connection lost, deadlock, serialization failure, lock timeout, statement timeout, disk
+full, permission denied) is the server's state, not the row's: it fails the batch, which is retried;
+nothing is quarantined.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from ledgerbatch.commit.modes.base import TargetMode
+from ledgerbatch.commit.row_errors import refused_row
 from ledgerbatch.errors import LedgerbatchError, RowsRefusedError
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ledger.batches import record_set_aside
@@ -44,9 +49,6 @@ from ledgerbatch.sqlfiles import Fragment, query
 from ledgerbatch.stage.tables import StagingTables
 
 log = logging.getLogger(__name__)
-
-ROW_ERROR_CLASSES = ("22", "23")  # data exception, integrity constraint violation
-TRIGGER_RAISE = "P0001"  # RAISE EXCEPTION without a SQLSTATE, as a trigger does
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,6 @@ class Published:
     rejected: int  # rows refused and quarantined (the ledger's counts moved: record_set_aside)
 
 
-def row_error(exc: BaseException) -> bool:
-    """Whether the server refused a row, not the statement's circumstances."""
-    code = getattr(getattr(exc, "orig", None), "pgcode", None) or ""
-    return code[:2] in ROW_ERROR_CLASSES or code == TRIGGER_RAISE
-
-
 def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, shape: BatchShape,
                       batch: Batch) -> Published:
     """Publish the batch; with `errors.on_reject: quarantine` move the rows the target refuses to quarantine
@@ -85,7 +81,7 @@ def publish_or_reject(conn: Connection, mode: TargetMode, spec: PipelineSpec, sh
             conn.execute(text(query("constraints_restored")))
             return Published(removed, rejected)
         except DBAPIError as exc:
-            if not row_error(exc):
+            if not refused_row(exc):
                 raise
             first = _reason(exc)
             if not mode.rows_are_records:
@@ -164,7 +160,7 @@ def _probe(conn: Connection, publish: Callable, slice_view: str, first: int, las
             publish(rows=slice_view)
         return None
     except DBAPIError as exc:
-        if not row_error(exc):
+        if not refused_row(exc):
             raise
         return _reason(exc)
 
@@ -177,7 +173,7 @@ def _quarantine(conn: Connection, spec: PipelineSpec, batch: Batch, names: dict,
     quarantine_refused(conn, names["units"], batch.batch_id, spec.name, refused)
     is_delete = Fragment("_change = 'd'" if spec.changes else "false")
     by_range = conn.execute(text(query("rejected_by_range", is_delete=is_delete, **names)), {"units": units}).all()
-    conn.execute(text(query("delete_rejected", **names)), {"units": units})
+    conn.execute(text(query("delete_rejected", **names)), {"units": units, "staging": batch.staging_table})
     conn.execute(text(query("drop_units", **names)))
     rows, deletes = sum(r.rows for r in by_range), sum(r.deletes for r in by_range)
     record_set_aside(conn, batch.batch_id, "rejected", {(r.topic, r.partition): r.rows for r in by_range}, deletes)

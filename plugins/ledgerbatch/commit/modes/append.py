@@ -2,8 +2,10 @@
 
 Append targets are range-partitioned by batch id (partitions.py): a big batch's staging table is
 attached as a partition (metadata only), a small one is copied. A target the user gave triggers has its
-rows copied even into a new partition, since ATTACH fires no trigger. A replay first deletes what earlier
-deliveries of its ranges left in the target.
+rows copied even into a new partition, since ATTACH fires no trigger; so has a batch whose refused rows
+were quarantined (commit/rejects.py) where the target has an index of the user's: the removed rows'
+versions stay in the staging table until the commit, and the ATTACH's build of that index would take them
+too. A replay first deletes what earlier deliveries of its ranges left in the target.
 """
 from __future__ import annotations
 
@@ -65,7 +67,9 @@ class Append(TargetMode):
                          {"lower": plan.close.lower, "upper": batch_id})
         upper = Fragment("MAXVALUE" if plan.upper is None else str(int(plan.upper)))
         partition = partition_name(spec.target_table, batch_id)
-        if rows is not None or layout.has_triggers:  # copied into an empty partition in the staging table's place
+        copy = (rows is not None or layout.has_triggers
+                or conn.execute(text(query("staging_pruned")), {"staging": staging, **target}).scalar_one())
+        if copy:  # copied into an empty partition in the staging table's place
             conn.execute(text(query("create_partition", partition=partition, upper=upper, **target)),
                          {"batch_id": batch_id})
             conn.execute(text(query("insert_append", staging=rows or staging, columns=columns, **target)))
@@ -81,8 +85,10 @@ def _align_staging(conn: Connection, target: dict, staging: str) -> None:
     the target has and staging lacks (one the user added, or a field the schema dropped) is added to the
     staging table filled as an INSERT fills it: its DEFAULT (an identity's next value, `now()`, a constant),
     its generation expression, else NULL. A column the user narrowed (`varchar(n)`) or made NOT NULL, and the
-    user's CHECK constraints, are given to it too. Any of these the staged rows break raises the server's
-    row error, which commit/rejects.py turns into refused rows."""
+    user's CHECK constraints, are given to it too, each validated over the staged rows: a CHECK the user
+    added NOT VALID still judges every row an INSERT writes, so it judges the staged ones (ATTACH would not:
+    the parent's constraint being NOT VALID, it skips the scan). Any of these the staged rows break raises
+    the server's row error, which commit/rejects.py turns into refused rows as it does the copy path's."""
     columns = text(query("table_columns"))
     at = {"schema": "ledger_staging", "table": staging}
     staged = {r.column_name: r for r in conn.execute(columns, at)}
@@ -97,4 +103,5 @@ def _align_staging(conn: Connection, target: dict, staging: str) -> None:
         if r.not_null and not (have and have.not_null):
             conn.execute(text(query("set_not_null", column=r.column_name, **at)))
     for check in conn.execute(text(query("table_checks")), target).all():
-        conn.execute(text(query("add_check", constraint=check.name, definition=Fragment(check.definition), **at)))
+        validated = check.definition.removesuffix(" NOT VALID")
+        conn.execute(text(query("add_check", constraint=check.name, definition=Fragment(validated), **at)))
