@@ -69,28 +69,22 @@ def safe_url(url: str) -> str:
 
 
 def libpq_dsn(url: str) -> str:
-    """A libpq connection string for executors, which connect with psycopg2 directly. Every query parameter
-    passes through (sslmode, sslrootcert, connect_timeout, application_name, target_session_attrs, ...);
-    a multi-host URL (`?host=a:5432&host=b:5432`) becomes libpq's host and port lists."""
+    """A libpq connection string for executors, which connect with psycopg2 directly: exactly the
+    arguments SQLAlchemy's psycopg2 dialect hands psycopg2.connect for `url` (its create_connect_args), so
+    every executor reaches the server(s) the driver reaches, whatever the URL's form: a host and port in
+    the authority or in the query, in either order (`?port=P&host=h`), `?host=a:p&host=b:q`, libpq's lists
+    (`?host=a,b&port=p,q`), a socket directory (`?host=/run/postgresql`), `?service=name`. Every other
+    query parameter passes through (sslmode, sslrootcert, connect_timeout, application_name,
+    target_session_attrs, ...). The host and port come first, then the database, user and password."""
+    from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
+
     u = make_url(url)
-    parts = {"host": u.host, "port": u.port, "dbname": u.database, "user": u.username, "password": u.password}
-    for key, value in u.query.items():
-        if key == "host":
-            parts.update(_hosts(value if isinstance(value, tuple) else (value,)))
-        elif isinstance(value, str):
-            parts[key] = value
-    return " ".join(f"{k}={_dsn_quote(str(v))}" for k, v in parts.items() if v is not None)
-
-
-def _hosts(hosts: tuple[str, ...]) -> dict[str, str | None]:
-    """`host=a:5432&host=b` as libpq's `host=a,b port=5432,` (an empty port is the default); a socket
-    directory (`/run/postgresql`) is a host as it is."""
-    names, ports = [], []
-    for h in hosts:
-        name, colon, port = h.rpartition(":") if not h.startswith("/") else ("", "", "")
-        names.append(name if colon else h)
-        ports.append(port if colon else "")
-    return {"host": ",".join(names), "port": ",".join(ports) if any(ports) else None}
+    if u.get_backend_name() != "postgresql":
+        raise ConfigError(f"{safe_url(url)} is not a PostgreSQL URL")
+    _, params = PGDialect_psycopg2().create_connect_args(u.set(drivername="postgresql+psycopg2"))
+    first = ("host", "port", "dbname", "user", "password")
+    ordered = [(k, params[k]) for k in first if k in params] + [(k, v) for k, v in params.items() if k not in first]
+    return " ".join(f"{k}={_dsn_quote(str(v))}" for k, v in ordered if v is not None)
 
 
 def _dsn_quote(value: str) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from ledgerbatch import faults
 from ledgerbatch.commit.diff import Diff, dry_run_diff
@@ -32,7 +32,7 @@ from ledgerbatch.ops.hooks import Hooks
 from ledgerbatch.ops.lag_sampler import LagSampler
 from ledgerbatch.ops.lineage import Emitter
 from ledgerbatch.ops.metrics import metrics
-from ledgerbatch.ops.outages import Backoff, OutageRider, waitable
+from ledgerbatch.ops.outages import Backoff, OutageRider, connection_lost, stopped, waitable
 from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.ops.warm_start import WarmStart
 from ledgerbatch.plan.live import plan_next
@@ -120,7 +120,10 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
             hooks.committed(batch, result)
         except Exception as exc:
             dependency = waitable(exc) if rider is not None else None
-            if dependency is None:
+            if dependency is None:  # not an outage (ops/outages.py: decide): stop with the reason
+                stop_with = stopped(exc, spec.name) if rider is not None else None
+                if stop_with is not None:
+                    raise stop_with from exc
                 raise
             if dependency == "Spark":
                 session.drop()
@@ -164,7 +167,7 @@ def commit(engine: Engine, spec: PipelineSpec, batch: Batch, following: bool) ->
         with metrics().failures(spec.name, "commit"):
             result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
     except DBAPIError as exc:
-        if following or not (exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))):
+        if following or not connection_lost(exc):
             raise
         # Whether the COMMIT landed is in the ledger: the next run reads it, never re-applies blindly.
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__

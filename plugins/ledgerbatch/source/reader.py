@@ -18,7 +18,12 @@ POLL_S = 0.05  # consume() waits this long for the last records of a range whose
 
 
 class RangeReadError(RuntimeError):
-    pass
+    """A range that could not be read. `retriable`: the brokers stopped answering (a stall, a transport
+    error), which waiting fixes (ops/outages.py); not offsets gone from the log or a read refused."""
+
+    def __init__(self, message: str, retriable: bool = False):
+        super().__init__(message)
+        self.retriable = retriable
 
 
 class Records(NamedTuple):
@@ -80,7 +85,8 @@ def _records(rng: OffsetRange, consumer, stall_timeout_s: float, metadata: bool)
             if m.error():
                 # auto.offset.reset=error: a range that left the log reports its reset, not records
                 lost = m.error().code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
-                raise RangeReadError(f"{rng}: {OFFSETS_LOST + ': ' if lost else ''}{m.error().str()}")
+                raise RangeReadError(f"{rng}: {OFFSETS_LOST + ': ' if lost else ''}{m.error().str()}",
+                                     retriable=not lost and _transient(m.error()))
             if m.offset() < rng.until_offset:
                 offsets.append(m.offset())
                 keys.append(m.key())
@@ -96,7 +102,17 @@ def _records(rng: OffsetRange, consumer, stall_timeout_s: float, metadata: bool)
         if position > previous:
             last_progress = now
         elif now - last_progress > stall_timeout_s:
-            raise RangeReadError(f"{rng}: no progress for {stall_timeout_s:.0f}s at offset {position}")
+            raise RangeReadError(f"{rng}: no progress for {stall_timeout_s:.0f}s at offset {position}", retriable=True)
         if offsets:
             crash_point("mid_read")
             yield Records(offsets, keys, values, timestamps, headers)
+
+
+def _transient(error) -> bool:
+    """A Kafka error that the brokers' coming back fixes."""
+    from confluent_kafka import KafkaError
+
+    return not error.fatal() and (error.retriable() or error.code() in (
+        KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._RESOLVE,
+        KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION))

@@ -6,24 +6,30 @@ beside an Airflow task) waits for that attempt to finish instead of starting a n
 fence it, and after it the two fight over nothing: the batch is staged or committed. A lease not
 renewed for LEASE_S seconds belongs to a process that died or froze (SIGSTOP, a paused VM): the next
 runner begins a new attempt, and the old one is fenced at its mark and at the commit as before. An attempt
-this process staged and has left (the database went away under it, so its failure may not be in the ledger)
-is not waited for: its lease is this process's own, and nothing renews it any more.
+this process staged and has left unfinished (the database went away under it, so its failure may not be in
+the ledger) is not waited for: its lease is this process's own, and nothing renews it any more. That holds
+only while it is still the batch's current attempt: `begin_own_attempt` judges it against the batch row it
+has locked, so another runner's newer attempt (begun meanwhile over the lapsed lease) is waited for as any.
+A process remembers only the attempts it left unfinished, the last LEFT_KEPT of them.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import OrderedDict
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
-from ledgerbatch.ledger.batches import attempt_held, get_batch, renew_lease
-from ledgerbatch.model.batch import Batch
+from ledgerbatch.ledger.batches import attempt_held, begin_attempt, get_batch, renew_lease
+from ledgerbatch.model.batch import Batch, BatchStatus
 
 log = logging.getLogger(__name__)
 LEASE_S = 15.0
 WAIT_POLL_S = 1.0
-_LEFT: set[tuple[int, int]] = set()  # (batch id, attempt) of the attempts this process staged and left
+LEFT_KEPT = 64  # attempts left unfinished that a process remembers (the oldest forgotten first)
+_LEFT: OrderedDict[int, int] = OrderedDict()  # batch id -> the attempt of it this process left unfinished
+_LEFT_LOCK = threading.Lock()
 
 
 class AttemptLease:
@@ -39,10 +45,13 @@ class AttemptLease:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self._stop.set()
         self._thread.join()
-        _LEFT.add((self.batch_id, self.attempt))
+        if exc_type is None:  # staged: the batch's lease no longer matters
+            _forget(self.batch_id)
+        else:  # left unfinished: its failure may not have reached the ledger
+            _remember(self.batch_id, self.attempt)
 
     def _renew(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -54,9 +63,39 @@ class AttemptLease:
                 log.warning("batch %d attempt %d: cannot renew its lease: %s", self.batch_id, self.attempt, exc)
 
 
+def _remember(batch_id: int, attempt: int) -> None:
+    with _LEFT_LOCK:
+        _LEFT[batch_id] = attempt
+        _LEFT.move_to_end(batch_id)
+        while len(_LEFT) > LEFT_KEPT:
+            _LEFT.popitem(last=False)
+
+
+def _forget(batch_id: int) -> None:
+    with _LEFT_LOCK:
+        _LEFT.pop(batch_id, None)
+
+
+def left_here(batch_id: int, attempt: int) -> bool:
+    """Whether `attempt` of the batch is one this process staged and left unfinished."""
+    with _LEFT_LOCK:
+        return _LEFT.get(batch_id) == attempt
+
+
 def lease_of(batch: Batch) -> float:
-    """How fresh a lease of the batch's attempt must be to be waited for: never for one this process left."""
-    return 0.0 if (batch.batch_id, batch.attempt) in _LEFT else LEASE_S
+    """How fresh a lease of the batch's current attempt must be to be waited for: never for one this process
+    left unfinished. Where it decides who begins the next attempt, `batch` is read locked (begin_own_attempt);
+    wait_for_holder only decides whether to look again."""
+    return 0.0 if batch.status == BatchStatus.PLANNED and left_here(batch.batch_id, batch.attempt) else LEASE_S
+
+
+def begin_own_attempt(conn: Connection, batch_id: int, output_schema: str | None = None) -> int | None:
+    """Begin a new attempt of the batch in the caller's transaction, fencing the ones before (as
+    ledger/batches.py: begin_attempt), or None while another attempt holds a live lease. The batch row is
+    locked first, so the lease is judged against the attempt that is current when the new one begins: an
+    attempt this process left is taken over at once only if it is still that one."""
+    current = get_batch(conn, batch_id, for_update=True)
+    return begin_attempt(conn, batch_id, output_schema, lease_of(current))
 
 
 def wait_for_holder(engine: Engine, batch_id: int) -> Batch:

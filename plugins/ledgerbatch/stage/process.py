@@ -18,7 +18,7 @@ from ledgerbatch.errors import (
     FencedError,
     ReconcileError,
 )
-from ledgerbatch.ledger.batches import begin_attempt, get_batch, mark_failed, pin_spec_version
+from ledgerbatch.ledger.batches import get_batch, mark_failed, pin_spec_version
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.model.reconcile import Counts, check_error_budget
 from ledgerbatch.source.kafka import consumer_config
@@ -26,7 +26,7 @@ from ledgerbatch.spec.pipeline import PipelineSpec, check_version
 from ledgerbatch.stage import transform
 from ledgerbatch.stage.driver import stage_batch
 from ledgerbatch.stage.job import Parsing, StagingJob
-from ledgerbatch.stage.lease import AttemptLease, lease_of, wait_for_holder
+from ledgerbatch.stage.lease import AttemptLease, begin_own_attempt, wait_for_holder
 from ledgerbatch.stage.tables import StagingTables, drop_staging_quietly, open_staging
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     shape = transform.batch_shape(spark, spec)  # a query's output, analysed before anything is read
     while True:
         with engine.begin() as conn:
-            attempt = begin_attempt(conn, batch_id, shape.output_schema, lease_of(batch))
+            attempt = begin_own_attempt(conn, batch_id, shape.output_schema)  # judged on the locked row
             if attempt is not None:
                 batch = get_batch(conn, batch_id)
                 table = open_staging(conn, shape, batch_id, attempt, libpq_dsn(db_url))
