@@ -182,10 +182,10 @@ class Simulation(RuleBasedStateMachine):
     def abandon_open(self, stranded):
         """`ledgerbatch abandon` of the open live batch (its offsets are planned again), or of a replay or
         backfill walked away from."""
+        self._drawn("abandon_open")
         open_id = self.stranded.pop() if stranded and self.stranded else self._open_live()
         if open_id is not None:
             abandon_batch(self.engine, self.pipe.spec, open_id, by="sim", reason="abandoned by the simulation")
-            self._drawn("abandon_open")
 
     # -- operations on the pipeline
 
@@ -240,10 +240,10 @@ class Simulation(RuleBasedStateMachine):
         """The user adds a rule of their own to the target, as on any big table."""
         if which == "key_index" and self.model.mode != "append" or getattr(self.model.rules, which):
             return
-        if not user_rules.add(self.engine, self.pipe, which):
-            return  # no target yet
-        self.model.rules = Rules(**{**self.model.rules.__dict__, which: True})
         self._drawn(f"user_ddl:{which}")
+        if not user_rules.add(self.engine, self.pipe, which):
+            return  # no target yet, or the index cannot hold a key already there
+        self.model.rules = Rules(**{**self.model.rules.__dict__, which: True})
 
     # -- checks
 
