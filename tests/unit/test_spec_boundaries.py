@@ -128,6 +128,10 @@ def with_transform(transform):
     ("SELECT b.*, f.value AS note FROM batch b CROSS JOIN text.`/etc/passwd` f", "reads a file"),
     ("SELECT b.*, f.value AS note FROM batch b CROSS JOIN parquet . `file:/tmp/x` f", "reads a file"),
     ("SELECT *, IDENTIFIER('reflect')('java.lang.System', 'getenv', 'X') AS note FROM batch", "builds a name"),
+    # what Spark's lexer reads as code: a -- comment ends at a lone CR; a raw string's backslash escapes nothing
+    ("SELECT *, -- note\rreflect('java.lang.System', 'getenv', 'X') AS note FROM batch", "reflection"),
+    ("SELECT *, r'\\' AS a, reflect('java.lang.System', 'getenv', 'X') AS note FROM batch", "reflection"),
+    ("SELECT TRANSFORM(order_id) USING r'sh -c env' AS (note) FROM batch", "runs a shell command"),
 ])
 def test_a_transform_may_read_only_its_batch(sql, why):
     with pytest.raises(SpecError, match=f"transform: .*{why}.*a transform may read only its batch"):

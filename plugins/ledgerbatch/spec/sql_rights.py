@@ -20,7 +20,7 @@ from ledgerbatch.errors import SpecError
 _REFUSED = (  # (pattern, over the text with quoted names unquoted?, why)
     (re.compile(r"(?i)(?<![\w$])(java_method|reflect|try_reflect)(?![\w$])"), True,
      "calls Java by reflection, which could read the environment (the database password) or run code"),
-    (re.compile(r"(?i)(?<![\w$])using\s*'"), True,
+    (re.compile(r"(?i)(?<![\w$])using\s*r?'"), True,
      "is a script transform (USING 'command'), which runs a shell command"),
     (re.compile(r"(?i)(?<![\w$])identifier\s*\("), True,
      "builds a name from a string (IDENTIFIER), which hides what it calls"),
@@ -46,7 +46,8 @@ def _plain(text: str, unquote: bool) -> str:
 
 
 def _tokens(text: str):
-    """(kind, text) pieces: code, string ('...' or "..."), name (`...`) and comment (-- or /* */)."""
+    """(kind, text) pieces: code, string ('...' or "...", raw r'...' without escapes), name (`...`) and comment
+    (-- to the end of the line, which Spark's lexer ends at a CR too, or /* */)."""
     at, start = 0, 0
     while at < len(text):
         c = text[at]
@@ -54,17 +55,28 @@ def _tokens(text: str):
             if start < at:
                 yield "code", text[start:at]
             if c in "'\"`":
+                raw = c != "`" and _raw_prefix(text, at)
                 end = at + 1
                 while end < len(text) and text[end] != c:
-                    end += 2 if text[end] == "\\" and c != "`" else 1
+                    end += 2 if text[end] == "\\" and c != "`" and not raw else 1
                 end = min(end + 1, len(text))
                 yield ("name" if c == "`" else "string"), text[at:end]
+            elif text.startswith("--", at):
+                line_end = re.compile(r"[\r\n]").search(text, at)
+                end = len(text) if line_end is None else line_end.end()
+                yield "comment", text[at:end]
             else:
-                close = text.find("\n", at) if text.startswith("--", at) else text.find("*/", at + 2)
-                end = len(text) if close < 0 else close + (1 if text.startswith("--", at) else 2)
+                close = text.find("*/", at + 2)
+                end = len(text) if close < 0 else close + 2
                 yield "comment", text[at:end]
             at = start = end
         else:
             at += 1
     if start < len(text):
         yield "code", text[start:]
+
+
+def _raw_prefix(text: str, quote_at: int) -> bool:
+    """A raw string literal (r'...', R"..."): its backslashes escape nothing."""
+    return (quote_at >= 1 and text[quote_at - 1] in "rR"
+            and (quote_at == 1 or not (text[quote_at - 2].isalnum() or text[quote_at - 2] in "_$")))
