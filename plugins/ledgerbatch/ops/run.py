@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from ledgerbatch import faults
+from ledgerbatch.commit.modes.rollup import bound_partitions
 from ledgerbatch.commit.diff import Diff, dry_run_diff
 from ledgerbatch.commit.transaction import CommitResult, commit_batch
 from ledgerbatch.errors import LedgerbatchError
@@ -203,4 +204,5 @@ def run_replay(engine: Engine, spec: PipelineSpec, request: ReplayRequest, db_ur
             return ReplayOutcome(batch, dry_run_diff(engine, spec, batch.batch_id), False)
         result = commit_batch(engine, spec, batch.batch_id, batch.attempt)
     lineage.committed(batch, result)
+    bound_partitions(engine, spec)  # a replay copied into a partition of its own may put the target over its bound
     return ReplayOutcome(batch, None, True)
