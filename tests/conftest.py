@@ -65,7 +65,10 @@ def broker():
     every second, so a topic's short retention.ms takes effect within a test."""
     from ledgerbatch.dev.kafka import LocalKafka
 
-    with LocalKafka(1, {"log.retention.check.interval.ms": "1000", "log.segment.delete.delay.ms": "0"}) as k:
+    # No time limit by default (a topic's own retention.ms still applies): records stamped days ago would
+    # otherwise leave the log under the broker's default 7 days.
+    with LocalKafka(1, {"log.retention.check.interval.ms": "1000", "log.segment.delete.delay.ms": "0",
+                        "log.retention.ms": "-1"}) as k:
         yield k
 
 

@@ -25,7 +25,8 @@ from .helpers import assert_exactly_once, cli
 pytestmark = pytest.mark.integration
 
 COLUMNS_V2 = ORDER_COLUMNS + ", placed TIMESTAMP, channel STRING"
-PLACED = dt.datetime(2026, 11, 21, 10, 0, tzinfo=dt.timezone.utc)
+# an hour ago to the second: a fixed date fell out of the broker's default retention (7 days) on 2026-11-28
+PLACED = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(hours=1)
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes | None], partitions: int) -> list[tuple[int, int]]:
