@@ -1,13 +1,14 @@
--- invariant_violations (014) ordered its tiles by where they start only: a checkpoint whose live span is
--- empty (a partition that had only backfills when it was compacted: [start, start)) and the live batch
--- that starts there tie, and read in the wrong order they were a false tiling violation. Ties go empty
--- tile first. The view is 014's otherwise.
+-- invariant_violations (014) read a checkpoint whose live span is empty (a partition that had only
+-- backfills when it was compacted: [start, start)) as a tile: the live batch starting there tied with it, or
+-- (after `offsets --to-offset` moved the start below it) overlapped it, a false tiling violation. An empty
+-- span holds no offsets, so it is no tile; ties order by where tiles end too. The view is 014's otherwise.
 CREATE OR REPLACE VIEW ledger.invariant_violations AS
 WITH tiles AS (
     SELECT pipeline, topic, partition, from_offset, until_offset FROM ledger.batch_ranges
     WHERE kind = 'live' AND committed
     UNION ALL
     SELECT pipeline, topic, partition, from_offset, until_offset FROM ledger.checkpoints
+    WHERE until_offset > from_offset
     UNION ALL
     SELECT l.pipeline, l.topic, l.partition, l.from_offset, l.until_offset FROM ledger.lost_ranges l
     WHERE NOT EXISTS (SELECT 1 FROM ledger.checkpoints k

@@ -38,7 +38,11 @@ JOIN ledger.cursors c ON c.pipeline = r.pipeline AND c.topic = r.topic AND c.par
 WHERE r.pipeline = :pipeline AND r.batch_id > :folded AND r.batch_id <= :through AND r.committed
 GROUP BY r.pipeline, r.topic, r.partition, c.start_offset
 ON CONFLICT (pipeline, topic, partition) DO UPDATE
-SET until_offset = greatest(k.until_offset, excluded.until_offset),
+-- an empty live span (only backfills folded so far) starts where the live offsets folded now start: an
+-- offset move may have put the start below it
+SET from_offset = CASE WHEN k.until_offset = k.from_offset THEN least(k.from_offset, excluded.from_offset)
+                       ELSE k.from_offset END,
+    until_offset = greatest(k.until_offset, excluded.until_offset),
     backfilled_from = least(k.backfilled_from, excluded.backfilled_from),
     backfilled = k.backfilled + excluded.backfilled,
     records_read = k.records_read + excluded.records_read,

@@ -177,6 +177,27 @@ def test_a_move_back_over_offsets_a_compacted_backfill_delivered_is_refused(engi
         set_offsets(engine, p.spec, "unused:9092", Target(offset=5), "test", "a look back")
 
 
+def test_a_move_back_below_a_checkpoint_of_backfills_only_keeps_compaction_going(engine, make_pipe, monkeypatch):
+    """Found by the review: a checkpoint holding only backfills has an empty live span [1000, 1000); moving the
+    cursor back to 10 (nothing delivered between) and delivering [10, 1005) live made verify see a false
+    overlap, and every later compaction fail on the checkpoint's own check (the ledger grew for good)."""
+    from ledgerbatch.source import kafka
+    p = make_pipe()
+    with engine.begin() as conn:  # started at 1000, nothing delivered live yet
+        conn.execute(text("INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offset) "
+                          "VALUES (:p, :t, 0, 1000, 1000)"), {"p": p.name, "t": p.topic})
+    commit(engine, p, {0: (0, 10)}, rows(0, 10), BatchKind.BACKFILL)
+    compact(engine, p.spec, later())
+    monkeypatch.setattr(kafka, "watermarks", lambda *a, **k: {(p.topic, 0): Watermarks(0, 2000)})
+    set_offsets(engine, p.spec, "unused:9092", Target(offset=10), "test", "read [10, 1000) live after all")
+    commit(engine, p, {0: (10, 1005)}, rows(10, 1005))
+    assert verify(engine, p.spec) == []
+    assert compact(engine, p.spec, later()).batches == 1
+    assert q(engine, "SELECT from_offset, until_offset, backfilled::text FROM ledger.checkpoints WHERE pipeline = :p",
+             p=p.name) == [(10, 1005, "{[0,10)}")]
+    assert verify(engine, p.spec) == []
+
+
 def test_migration_015_keeps_what_014_could_not_know_as_unknown(engine, make_pipe):
     p = make_pipe()
     commit(engine, p, {0: (1000, 1010)}, rows(1000, 1010))

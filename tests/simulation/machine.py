@@ -205,7 +205,7 @@ class Simulation(RuleBasedStateMachine):
 
     @precondition(lambda self: self.model is not None and self.model.mode == "append")
     @rule(why=st.just("upkeep"))
-    def rollup(self, why):
+    def rollup(self, why="upkeep"):
         """The partition rollup the upkeep runs: merge until the target is within target.partitions.max."""
         bound_partitions(self.engine, self.pipe.spec)
         with self.engine.connect() as conn:  # a rollup that gives way says so only in a log and a metric
@@ -215,7 +215,7 @@ class Simulation(RuleBasedStateMachine):
         self._drawn("rollup")
 
     @rule(why=st.just("retention"))
-    def purge(self, why):
+    def purge(self, why="retention"):
         """`ledgerbatch quarantine purge` of everything quarantined so far."""
         purge_quarantine(self.engine, self.pipe.spec, datetime.now(timezone.utc) + timedelta(seconds=1))
         self.model.quarantine.clear()
@@ -223,7 +223,7 @@ class Simulation(RuleBasedStateMachine):
 
     @precondition(lambda self: self.model is not None and self.model.start)
     @rule(why=st.just("skip"))
-    def skip_to_latest(self, why):
+    def skip_to_latest(self, why="skip"):
         """`ledgerbatch offsets --to-latest`: refused while a live batch is open."""
         open_id = self._open_live()
         try:
