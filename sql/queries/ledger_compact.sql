@@ -91,17 +91,22 @@ DELETE FROM ledger_deletes.{deletes} WHERE _batch_id <= :through;
 -- Offsets a backfill may still deliver, per partition of the pipeline: those of [log start, start offset)
 -- that no committed batch delivered, folded or not (the log start as the last plan saw it, or 0). Offsets
 -- compacted before migration 015 whose delivery the ledger no longer knows are refused to backfills, so
--- they are no gap. A planned or staged backfill's ranges are a gap until it commits.
+-- they are no gap. A planned or staged backfill's ranges are a gap until it commits; a staged one's even
+-- where retention has passed them since (its records are in its staging table, Kafka no longer has them).
 SELECT c.topic, c.partition, lower(g) AS from_offset, upper(g) AS until_offset
 FROM ledger.cursors c
 LEFT JOIN ledger.end_offsets e USING (pipeline, topic, partition)
 LEFT JOIN ledger.checkpoints k USING (pipeline, topic, partition)
 CROSS JOIN LATERAL unnest(
-    int8multirange(int8range(least(coalesce(e.log_start, 0), c.start_offset), c.start_offset))
-    - coalesce(k.backfilled, int8multirange()) - coalesce(k.backfilled_unknown, int8multirange())
-    - coalesce((SELECT range_agg(int8range(r.from_offset, r.until_offset)) FROM ledger.batch_ranges r
+    (int8multirange(int8range(least(coalesce(e.log_start, 0), c.start_offset), c.start_offset))
+     - coalesce(k.backfilled, int8multirange()) - coalesce(k.backfilled_unknown, int8multirange())
+     - coalesce((SELECT range_agg(int8range(r.from_offset, r.until_offset)) FROM ledger.batch_ranges r
+                 WHERE r.pipeline = c.pipeline AND r.topic = c.topic AND r.partition = c.partition
+                   AND r.committed AND r.kind = 'backfill'), int8multirange()))
+    + coalesce((SELECT range_agg(int8range(r.from_offset, r.until_offset)) FROM ledger.batch_ranges r
+                JOIN ledger.batches b USING (batch_id)
                 WHERE r.pipeline = c.pipeline AND r.topic = c.topic AND r.partition = c.partition
-                  AND r.committed AND r.kind = 'backfill'), int8multirange())) AS g
+                  AND r.kind = 'backfill' AND b.status = 'staged'), int8multirange())) AS g
 WHERE c.pipeline = :pipeline
 ORDER BY c.topic, c.partition, lower(g);
 

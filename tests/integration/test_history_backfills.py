@@ -198,6 +198,28 @@ def test_a_move_back_below_a_checkpoint_of_backfills_only_keeps_compaction_going
     assert verify(engine, p.spec) == []
 
 
+def test_a_staged_backfill_that_retention_passed_still_commits_without_resurrecting(engine, make_pipe):
+    """Found by the review: once Kafka's retention passed a backfill already staged, its range was no gap any
+    more, compaction forgot the deletes, and the staged backfill (whose records Kafka no longer has) was refused
+    for good. Its range stays a gap until it commits: the deletes are kept, k1 stays deleted."""
+    p = make_pipe(mode="upsert", deletes=True)
+    with engine.begin() as conn:  # started at 10
+        conn.execute(text("INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offset) "
+                          "VALUES (:p, :t, 0, 10, 10)"), {"p": p.name, "t": p.topic})
+    commit(engine, p, {0: (10, 14)}, [(0, 10, "k1", "1.00"), (0, 11, "k1", None), (0, 12, "k2", "2.00"),
+                                      (0, 13, "k3", "3.00")])
+    backfill = staged_batch(engine, p, {0: (5, 10)}, kind=BatchKind.BACKFILL, good=[
+        (0, 5, "k9", "5.00"), (0, 6, "k1", "6.00"), (0, 7, "k7", "7.00"), (0, 8, "k8", "8.00"), (0, 9, "k2", "9.00")])
+    with engine.begin() as conn:  # retention passed it: what the next live plan records
+        conn.execute(text("INSERT INTO ledger.end_offsets (pipeline, topic, partition, log_start, end_offset) "
+                          "VALUES (:p, :t, 0, 12, 14) ON CONFLICT (pipeline, topic, partition) DO UPDATE "
+                          "SET log_start = 12"), {"p": p.name, "t": p.topic})
+    assert compact(engine, p.spec, later()).deletes == 0
+    commit_batch(engine, p.spec, backfill.batch_id)
+    assert sorted(r[0] for r in q(engine, f'SELECT order_id FROM public."{p.table}"')) == ["k2", "k3", "k7", "k8", "k9"]
+    assert verify(engine, p.spec) == []
+
+
 def test_migration_015_keeps_what_014_could_not_know_as_unknown(engine, make_pipe):
     p = make_pipe()
     commit(engine, p, {0: (1000, 1010)}, rows(1000, 1010))
