@@ -8,6 +8,7 @@ one and prints it step by step.
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import random
@@ -54,6 +55,17 @@ def explore(engine, seconds: float, first_seed: int | None = None, examples: int
             return failed
 
 
+def drop_database(engine, name: str) -> None:
+    from ledgerbatch.ledger.engine import make_engine
+    from sqlalchemy import text
+
+    engine.dispose()
+    admin = make_engine(engine.url.set(database="postgres").render_as_string(hide_password=False))
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
 def main(argv=None) -> int:
     from ledgerbatch.config import Settings
     from ledgerbatch.ledger.engine import fresh_database, make_engine
@@ -73,8 +85,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the product's warnings (skips, pauses) are the history's own steps
     # a database of its own: runs side by side never share one
-    engine = make_engine(fresh_database(Settings.from_env().db_url, f"ledgerbatch_simulation_{os.getpid()}"))
+    name = f"ledgerbatch_simulation_{os.getpid()}"
+    engine = make_engine(fresh_database(Settings.from_env().db_url, name))
     migrate(engine)
+    atexit.register(drop_database, engine, name)
     failed = explore(engine, args.minutes * 60, args.seed, examples=args.examples, steps=args.steps,
                      modes=tuple(args.modes.split(",")), keep_going=args.keep_going,
                      shrink=not args.no_shrink, without=frozenset(args.without))

@@ -23,7 +23,7 @@ import uuid
 
 from ledgerbatch.errors import ConfigError
 from ledgerbatch.spark.package import PACKAGE_DIR, package_zip
-from ledgerbatch.spark.session import NO_FILE_RELATIONS
+from ledgerbatch.spark.sql_settings import NO_FILE_RELATIONS
 
 log = logging.getLogger(__name__)
 CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"  # set by PySpark in a process that made a Connect session

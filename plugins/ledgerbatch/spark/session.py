@@ -13,9 +13,7 @@ import sys
 from pathlib import Path
 
 from ledgerbatch.spark.package import package_zip
-
-# A transform's SQL reads its batch, never a file named in it (text.`/etc/passwd`): docs/transforms.md
-NO_FILE_RELATIONS = ("spark.sql.runSQLOnFiles", "false")
+from ledgerbatch.spark.sql_settings import NO_FILE_RELATIONS
 
 
 def is_connect(spark) -> bool:
