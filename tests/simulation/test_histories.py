@@ -1,6 +1,6 @@
 """Histories the simulation's operations make, written out: each one a fault found by a review (and, where
-noted, by the random search first), kept so that it stays fixed. Each fails on dd99b59 (before the fixes of
-#49 and #50) and must pass now; a history ends as every simulated one does (the open batch finishes, an
+noted, by the random search first), kept so that it stays fixed. Each but the trigger's fails on dd99b59
+(before the fixes of #49 and #50) and must pass now; a history ends as every simulated one does (the open batch finishes, an
 hour passes, the upkeep folds every batch) with the model's checks after every step."""
 from __future__ import annotations
 
