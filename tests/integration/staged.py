@@ -73,6 +73,16 @@ class Pipe:
         self.spec = load_spec(directory, self.name)
 
 
+def respec(pipe: Pipe, **sections) -> None:
+    """Merge `sections` ({"target": {...}, "history": {...}}) into the pipe's YAML and reload its spec."""
+    path = pipe.dir / f"{pipe.name}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    for key, value in sections.items():
+        doc[key] = {**doc.get(key, {}), **value}
+    path.write_text(yaml.safe_dump(doc))
+    pipe.spec = load_spec(pipe.dir, pipe.name)
+
+
 @dataclass(frozen=True)
 class Staged:
     batch_id: int

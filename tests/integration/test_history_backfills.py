@@ -53,6 +53,13 @@ def gaps(engine, p) -> list[OffsetRange]:
         return backfill_gaps(conn, p.name)
 
 
+def started_at(engine, p, offset: int) -> None:
+    """The pipeline's cursor on partition 0 starts (and stands) at `offset`: nothing delivered live yet."""
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offset) "
+                          "VALUES (:p, :t, 0, :o, :o)"), {"p": p.name, "t": p.topic, "o": offset})
+
+
 def q(engine, sql, **params):
     with engine.connect() as conn:
         return conn.execute(text(sql), params).all()
@@ -167,9 +174,7 @@ def test_an_aggregate_backfills_below_its_replay_horizon(engine, make_pipe):
 def test_a_move_back_over_offsets_a_compacted_backfill_delivered_is_refused(engine, make_pipe, monkeypatch):
     from ledgerbatch.source import kafka
     p = make_pipe()
-    with engine.begin() as conn:  # started at 1000, nothing delivered live yet
-        conn.execute(text("INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offset) "
-                          "VALUES (:p, :t, 0, 1000, 1000)"), {"p": p.name, "t": p.topic})
+    started_at(engine, p, 1000)  # started at 1000, nothing delivered live yet
     commit(engine, p, {0: (0, 10)}, rows(0, 10), BatchKind.BACKFILL)
     compact(engine, p.spec, later())
     monkeypatch.setattr(kafka, "watermarks", lambda *a, **k: {(p.topic, 0): Watermarks(0, 2000)})
@@ -183,9 +188,7 @@ def test_a_move_back_below_a_checkpoint_of_backfills_only_keeps_compaction_going
     overlap, and every later compaction fail on the checkpoint's own check (the ledger grew for good)."""
     from ledgerbatch.source import kafka
     p = make_pipe()
-    with engine.begin() as conn:  # started at 1000, nothing delivered live yet
-        conn.execute(text("INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offset) "
-                          "VALUES (:p, :t, 0, 1000, 1000)"), {"p": p.name, "t": p.topic})
+    started_at(engine, p, 1000)  # started at 1000, nothing delivered live yet
     commit(engine, p, {0: (0, 10)}, rows(0, 10), BatchKind.BACKFILL)
     compact(engine, p.spec, later())
     monkeypatch.setattr(kafka, "watermarks", lambda *a, **k: {(p.topic, 0): Watermarks(0, 2000)})
@@ -203,9 +206,7 @@ def test_a_staged_backfill_that_retention_passed_still_commits_without_resurrect
     more, compaction forgot the deletes, and the staged backfill (whose records Kafka no longer has) was refused
     for good. Its range stays a gap until it commits: the deletes are kept, k1 stays deleted."""
     p = make_pipe(mode="upsert", deletes=True)
-    with engine.begin() as conn:  # started at 10
-        conn.execute(text("INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offset) "
-                          "VALUES (:p, :t, 0, 10, 10)"), {"p": p.name, "t": p.topic})
+    started_at(engine, p, 10)  # started at 10
     commit(engine, p, {0: (10, 14)}, [(0, 10, "k1", "1.00"), (0, 11, "k1", None), (0, 12, "k2", "2.00"),
                                       (0, 13, "k3", "3.00")])
     backfill = staged_batch(engine, p, {0: (5, 10)}, kind=BatchKind.BACKFILL, good=[

@@ -3,7 +3,6 @@ task do: a replay big enough to be attached becomes a partition of its own. Spar
 stand-in (process_batch stages the same rows by hand, tests/integration/staged.py)."""
 from __future__ import annotations
 
-import yaml
 from sqlalchemy import text
 
 from ledgerbatch.commit.modes.rollup import bound_partitions
@@ -14,18 +13,13 @@ from ledgerbatch.ops.pause import pause_pipeline
 from ledgerbatch.ops.verify import verify
 from ledgerbatch.plan.replay import ReplayRequest
 from ledgerbatch.source import kafka
-from ledgerbatch.spec.pipeline import load_spec
 
 from . import staged
 
 
 def test_replays_keep_the_partition_bound(engine, db_url, tmp_path, monkeypatch):
     p = staged.Pipe(tmp_path)
-    path = tmp_path / f"{p.name}.yaml"
-    doc = yaml.safe_load(path.read_text())
-    doc["target"]["partitions"] = {"max": 2, "attach_min_rows": 1}
-    path.write_text(yaml.safe_dump(doc))
-    p.spec = load_spec(tmp_path, p.name)
+    staged.respec(p, target={"partitions": {"max": 2, "attach_min_rows": 1}})
     monkeypatch.setattr(kafka, "watermarks", lambda servers, topics, options=None: {(p.topic, 0): Watermarks(0, 8)})
 
     def rows(lo, hi):

@@ -25,7 +25,7 @@ from ledgerbatch.ops.history import Upkeeper, compact, upkeep
 from ledgerbatch.ops.verify import verify
 from ledgerbatch.source import kafka
 
-from .staged import batch, begin, plan, staged_batch
+from .staged import batch, begin, plan, respec, staged_batch
 
 pytestmark = pytest.mark.integration
 NOW = datetime.now(timezone.utc)
@@ -37,21 +37,8 @@ def pipe(make_pipe, bound: int = 2, compact_after: str | None = None, **kw):
                         "partitions": {"max": bound, "attach_min_rows": 1}}}
     if compact_after:
         extra["history"] = {"compact_after": compact_after}
-    _respec(p, extra)
+    respec(p, **extra)
     return p
-
-
-def _respec(p, sections: dict) -> None:
-    import yaml
-
-    from ledgerbatch.spec.pipeline import load_spec
-
-    path = p.dir / f"{p.name}.yaml"
-    doc = yaml.safe_load(path.read_text())
-    for key, value in sections.items():
-        doc[key] = {**doc.get(key, {}), **value}
-    path.write_text(yaml.safe_dump(doc))
-    p.spec = load_spec(p.dir, p.name)
 
 
 class Deliveries:

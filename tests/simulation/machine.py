@@ -27,9 +27,10 @@ from ledgerbatch.ops.verify import verify
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
 from tests.integration import staged
+from tests.integration.staged import respec
 
 from .model import Model, offsets
-from .stand_ins import SERVERS, kafka_of, respec
+from .stand_ins import SERVERS, kafka_of
 from .world import KINDS, PARTITIONS, Rules, World
 from . import user_rules
 
