@@ -206,6 +206,12 @@ def per_batch_seconds(log: Path) -> list[float]:
     return out
 
 
+def rollups_gave_way(log: Path) -> int:
+    """How many times a follower's rollup began giving way (to a reader of the target, say: it then rests and
+    the target stays over its bound until it merges again)."""
+    return log.read_text().count("upkeep rollup gave way")
+
+
 def soak(args) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="lb_soak_"))
     broker = BrokerProcess({name: args.partitions for name in PIPELINES})
@@ -261,13 +267,14 @@ def soak(args) -> dict:
         broker.close()
     checks = exactly_once(engine, specs, trickle)
     per_batch = {name: per_batch_seconds(logs[name]) for name in PIPELINES}
+    gave_way = {name: rollups_gave_way(logs[name]) for name in PIPELINES}
     engine.dispose()
     with create_engine(SERVER_URL, isolation_level="AUTOCOMMIT").connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_PREFIX}history" WITH (FORCE)'))
     return {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": round(time.monotonic() - started),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "checks": checks,
             "first_and_last": first_and_last(samples, per_batch, args.window),
-            "samples": samples, "per_batch_plan_commit_s": per_batch}
+            "samples": samples, "per_batch_plan_commit_s": per_batch, "rollups_gave_way": gave_way}
 
 
 def alive(followers: dict, logs: dict) -> None:

@@ -62,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("migrate", help="apply sql/ migrations to LEDGERBATCH_DB_URL (safe to run again)")
     run = sub.add_parser("run", help="plan, process and commit batches until caught up")
-    run.add_argument("pipeline")
+    run.add_argument("pipeline", nargs="*",
+                     help="the pipeline; with --follow, one or more, served in one process (docs/operations.md)")
+    run.add_argument("--all", action="store_true",
+                     help="with --follow: every spec in the pipelines folder, as it changes (added, changed, removed)")
     run.add_argument("--max-batches", type=_positive, metavar="N", help="stop after N committed batches")
     run.add_argument("--master", help="Spark master (default LEDGERBATCH_SPARK_MASTER or local[*])")
     run.add_argument("--remote", metavar="sc://HOST:PORT",
@@ -75,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --follow: the first wait after a dependency went away, doubling (default 1)")
     run.add_argument("--backoff-max", type=_positive_float, default=60.0, metavar="S",
                      help="with --follow: the longest wait between tries while a dependency is away (default 60)")
+    run.add_argument("--same-error-limit", type=_positive, default=10, metavar="N",
+                     help="with --follow: stop after the same staging error N times in a row while the database "
+                          "and Kafka answer (default 10)")
+    run.add_argument("--rescan-seconds", type=_positive_float, default=10.0, metavar="S",
+                     help="several pipelines or --all: how often the pipelines folder is read again (default 10)")
+    run.add_argument("--retry-stopped-seconds", type=_positive_float, default=300.0, metavar="S",
+                     help="several pipelines or --all: when a pipeline stopped by an error starts again, unless its "
+                          "spec changes first (default 300)")
     run.add_argument("--upkeep-seconds", type=_positive_float, default=60.0, metavar="S",
                      help="compact and purge as the spec asks when it starts, then every S seconds (default 60)")
     run.add_argument("--metrics-port", type=_positive, metavar="N",
@@ -176,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+INSUFFICIENT_PRIVILEGE = "42501"
+ROLE_RIGHTS = ("this login's role may not do that: compact, quarantine purge, offsets --set and acknowledge-loss "
+               "need ledgerbatch_admin; run, replay and abandon ledgerbatch_writer (docs/operations.md, Database roles)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s",
@@ -199,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        if getattr(getattr(exc, "orig", None), "pgcode", None) == INSUFFICIENT_PRIVILEGE:
+            reason += f" ({ROLE_RIGHTS})"
         print(f"ledgerbatch: database error: {reason}", file=sys.stderr)
         return 1
     except Exception as exc:  # one line for users; LEDGERBATCH_DEBUG=1 shows the traceback
@@ -253,20 +271,19 @@ def cmd_run(args, settings: Settings) -> None:
     from ledgerbatch.ops.outages import Backoff
     from ledgerbatch.ops.run import run_pipeline
 
-    spec = _spec(settings, args.pipeline)
+    if args.all or len(args.pipeline) != 1:
+        return _serve(args, settings)
+    spec = _spec(settings, args.pipeline[0])
     bootstrap = settings.require_bootstrap()
     engine = _engine(settings)
     spark_factory = _spark_factory(args, settings, f"ledgerbatch-{spec.name}")
     stop = threading.Event()
     if args.follow:  # SIGTERM finishes the batch in hand, then stops: nothing to resume
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    if args.metrics_port:
-        from ledgerbatch.ops.metrics import serve_prometheus
-
-        serve_prometheus(args.metrics_port, args.metrics_host)
+    _serve_metrics(args)
     summary = run_pipeline(engine, spec, settings.db_url, bootstrap, spark_factory,
                            max_batches=args.max_batches, follow_idle_s=args.idle_seconds if args.follow else None,
-                           stop=stop, backoff=Backoff(args.backoff_initial, args.backoff_max),
+                           stop=stop, backoff=Backoff(args.backoff_initial, args.backoff_max, args.same_error_limit),
                            upkeep_every_s=args.upkeep_seconds)
     rate = summary.records_read / summary.seconds if summary.seconds else 0
     print(f"{spec.name}: {summary.batches} batches committed, {summary.records_read} records read, "
@@ -274,6 +291,44 @@ def cmd_run(args, settings: Settings) -> None:
           + (f" ({summary.rows_rejected} refused by the target)" if summary.rows_rejected else "")
           + f" in {summary.seconds:.1f}s "
           f"({rate:,.0f} records/s)")
+
+
+def _serve_metrics(args) -> None:
+    if args.metrics_port:
+        from ledgerbatch.ops.metrics import serve_prometheus
+
+        serve_prometheus(args.metrics_port, args.metrics_host)
+
+
+def _serve(args, settings: Settings) -> None:
+    """`run --follow` of several pipelines (or --all) in one process: ops/service.py."""
+    from ledgerbatch.ops.outages import Backoff
+    from ledgerbatch.ops.service import Service, SpecFolder
+
+    if args.all == bool(args.pipeline):
+        raise ConfigError("name the pipelines to run, or give --all for every spec in the pipelines folder (not both)")
+    if not args.follow or args.max_batches:
+        raise ConfigError("several pipelines (or --all) run only with --follow, and without --max-batches: "
+                          "`ledgerbatch run --follow " + (" ".join(args.pipeline) or "--all") + "`")
+    bootstrap = settings.require_bootstrap()
+    engine = _engine(settings)
+    specs = SpecFolder(settings.pipelines_dir, tuple(args.pipeline) or None, lambda name: _spec(settings, name))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # each pipeline finishes the batch in hand, then stops
+    _serve_metrics(args)
+    backoff = Backoff(args.backoff_initial, args.backoff_max, args.same_error_limit)
+    followers = Service(engine, settings.db_url, bootstrap, _spark_factory(args, settings, "ledgerbatch-service"),
+                        specs, stop, args.idle_seconds, backoff, args.upkeep_seconds, args.rescan_seconds,
+                        args.retry_stopped_seconds).serve()
+    for name, f in sorted(followers.items()):
+        done = f.summary
+        print(f"{name}: " + (f"stopped: {f.error}" if f.error else
+                             f"{done.batches} batches committed, {done.records_read} records read, "
+                             f"{done.rows_written} rows written, {done.rows_quarantined} quarantined"))
+    stopped = sorted(name for name, f in followers.items() if f.error)
+    if stopped:
+        raise LedgerbatchError(f"{len(stopped)} of {len(followers)} pipelines stopped with an error: "
+                               f"{', '.join(stopped)}")
 
 
 def _all_specs(settings: Settings) -> list:

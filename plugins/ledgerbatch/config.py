@@ -1,7 +1,9 @@
 """Settings from the environment (the CLI and Spark jobs); Airflow passes the same values from Connections."""
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +13,7 @@ from sqlalchemy.engine import make_url
 from ledgerbatch.errors import ConfigError
 
 DEFAULT_DB_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+STAGING_DB_URL = "LEDGERBATCH_STAGING_DB_URL"
 PACKAGE_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_ROOT.parents[1]  # the repo, when the package runs from its plugins/ folder
 
@@ -66,6 +69,24 @@ def safe_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "<unparseable database URL>"
+
+
+def staging_db_url(db_url: str) -> str:
+    """The URL executors stage with (the Spark Connect server and every executor get it): a login of
+    ledgerbatch_stager, which may only COPY into staging tables. Without one they get the ledger's own URL,
+    with a warning: that login can change the ledger from every machine it reaches."""
+    url = os.environ.get(STAGING_DB_URL)
+    if url:
+        return url
+    _warn_no_staging_url(safe_url(db_url))
+    return db_url
+
+
+@functools.cache
+def _warn_no_staging_url(ledger_url: str) -> None:  # once a process, not once a batch
+    logging.getLogger(__name__).warning(
+        "%s is not set: executors stage with the ledger's login %s; give them a ledgerbatch_stager login "
+        "(docs/operations.md, Database roles)", STAGING_DB_URL, ledger_url)
 
 
 def libpq_dsn(url: str) -> str:

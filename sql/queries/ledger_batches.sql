@@ -119,10 +119,14 @@ SELECT DISTINCT pipeline FROM ledger.batches ORDER BY pipeline;
 -- name: finished_staging_tables
 -- Staging tables whose batch is finished (left by a crash between COMMIT and the clean-up), or gone from
 -- the ledger (compacted: a batch row exists before its staging table does), by the name of the good-rows
--- table (drop_staging drops the bad-records table with it).
-SELECT DISTINCT regexp_replace(t.table_name, '_bad$', '') AS table_name FROM information_schema.tables t
-LEFT JOIN ledger.batches b ON b.batch_id = substring(t.table_name FROM '^b(\d+)_a\d+(_bad)?$')::bigint
-WHERE t.table_schema = 'ledger_staging' AND t.table_name ~ '^b\d+_a\d+(_bad)?$'
+-- table (drop_staging drops the bad-records table with it). From pg_catalog, not information_schema, which
+-- hides tables the login has no privilege on (the writer's, from an admin login); only those the login may
+-- drop (it owns them, or is a member of their owner): the others are left for their owner's next clean-up.
+SELECT DISTINCT regexp_replace(c.relname, '_bad$', '') AS table_name
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN ledger.batches b ON b.batch_id = substring(c.relname FROM '^b(\d+)_a\d+(_bad)?$')::bigint
+WHERE n.nspname = 'ledger_staging' AND c.relkind IN ('r', 'p') AND c.relname ~ '^b\d+_a\d+(_bad)?$'
+  AND pg_has_role(c.relowner, 'USAGE')
   AND (b.batch_id IS NULL OR (b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned')));
 
 -- name: delivering_batches

@@ -17,6 +17,12 @@ SELECT coalesce(
 -- name: folded_through
 SELECT coalesce((SELECT through_batch_id FROM ledger.compactions WHERE pipeline = :pipeline), 0);
 
+-- name: fold_step_through
+-- One step of a compaction: up to the :batches-th batch of the pipeline above what is folded, at most :through.
+SELECT least(:through, coalesce(
+    (SELECT batch_id FROM ledger.batches WHERE pipeline = :pipeline AND batch_id > :folded
+     ORDER BY batch_id OFFSET :batches - 1 LIMIT 1), :through)) AS through;
+
 -- name: fold_checkpoints
 -- Each partition's committed ranges up to :through join its checkpoint: live ranges extend it (they tile
 -- on from its end), backfills add exactly the offsets they delivered to `backfilled` (migration 015; never a

@@ -13,11 +13,14 @@ WHERE r.batch_id = :batch_id AND q.pipeline = r.pipeline AND q.topic = r.topic A
 
 -- name: quarantine_rejects
 -- The refused rows, as JSON of what the target was given, with the server's reason; their raw records
--- stay in Kafka at these coordinates (a replay reads them again).
-INSERT INTO ledger.quarantine (batch_id, pipeline, topic, partition, "offset", value, error, sqlstate, constraint_name)
+-- stay in Kafka at these coordinates (a replay reads them again). The server's detail holds the row's values:
+-- it goes to error_detail, which the inspector may not read (migration 019).
+INSERT INTO ledger.quarantine (batch_id, pipeline, topic, partition, "offset", value, error, sqlstate, constraint_name,
+                               error_detail)
 SELECT :batch_id, :pipeline, u._topic, u._partition, u._offset,
        convert_to((to_jsonb(u) - '_unit' - '_batch_id')::text, 'UTF8'),
-       'refused by the target: ' || r.message, r.sqlstate, r.constraint_name
+       'refused by the target: ' || r.message, r.sqlstate, r.constraint_name, r.detail
 FROM ledger_staging.{units} u
 JOIN unnest(CAST(:units AS bigint[]), CAST(:sqlstates AS text[]), CAST(:constraints AS text[]),
-            CAST(:messages AS text[])) AS r(unit, sqlstate, constraint_name, message) ON u._unit = r.unit;
+            CAST(:messages AS text[]), CAST(:details AS text[])) AS r(unit, sqlstate, constraint_name, message, detail)
+  ON u._unit = r.unit;

@@ -44,3 +44,37 @@ SELECT topic, count(*) AS partitions, sum(next_offset) AS delivered_offsets FROM
 
 -- name: quarantined_count
 SELECT count(*) FROM ledger.quarantine WHERE pipeline = :pipeline;
+
+-- name: upkeep_failed
+-- An upkeep gave way (ops/upkeep_failures.py: record; migration 018): :failures more times in a row, the last
+-- at :failed_at for :reason.
+INSERT INTO ledger.upkeep_failures AS f (pipeline, upkeep, reason, sqlstate, failures, first_failed_at, failed_at)
+VALUES (:pipeline, :upkeep, :reason, :sqlstate, :failures, :first_failed_at, :failed_at)
+ON CONFLICT (pipeline, upkeep) DO UPDATE
+SET reason = excluded.reason, sqlstate = excluded.sqlstate, failures = f.failures + excluded.failures,
+    failed_at = greatest(f.failed_at, excluded.failed_at);
+
+-- name: upkeep_worked
+DELETE FROM ledger.upkeep_failures WHERE pipeline = :pipeline AND upkeep = :upkeep;
+
+-- name: status_upkeep_failures
+-- The pipeline's upkeeps failing now, whichever process ran them, the last failure first.
+SELECT upkeep, reason, sqlstate, failures, first_failed_at, failed_at,
+       extract(epoch FROM now() - failed_at)::float AS age_s
+FROM ledger.upkeep_failures WHERE pipeline = :pipeline ORDER BY failed_at DESC, upkeep;
+
+-- name: status_compaction_stops
+-- Where compaction stops: the pipeline's first unfinished batch above what is folded (it folds nothing after
+-- it until it is committed or abandoned); and the replays and backfills the upkeep abandoned that are still in
+-- the ledger (compaction folded past them; they go with the next fold).
+(SELECT 'stops at' AS what, batch_id, kind, status, attempt, error,
+        extract(epoch FROM now() - updated_at)::float AS age_s
+ FROM ledger.batches
+ WHERE pipeline = :pipeline AND status IN ('planned', 'staged', 'failed')
+   AND batch_id > coalesce((SELECT through_batch_id FROM ledger.compactions WHERE pipeline = :pipeline), 0)
+ ORDER BY batch_id LIMIT 1)
+UNION ALL
+(SELECT 'abandoned', batch_id, kind, status, attempt, error, extract(epoch FROM now() - updated_at)::float
+ FROM ledger.batches
+ WHERE pipeline = :pipeline AND status = 'abandoned' AND starts_with(error, 'abandoned by the upkeep:')
+ ORDER BY batch_id DESC LIMIT 5);

@@ -4,7 +4,14 @@
 -- name: verify_ledger
 -- The ledger's own invariants (tiling, counts, ranges, cursors, staging) live in the view
 -- ledger.invariant_violations (sql/migrations/004); staging tables of unknown batches belong to no pipeline.
-SELECT problem FROM ledger.invariant_violations WHERE pipeline = :pipeline OR pipeline IS NULL
+-- A staging table whose batch a compaction folded (its id at or below a pipeline's folded batches, and gone
+-- from ledger.batches) is no orphan: a login that may not drop it (an admin's compaction of the writer's
+-- pipeline) leaves it to its owner's next clean-up (a commit, run, abandon: drop_finished_staging).
+SELECT v.problem FROM ledger.invariant_violations v
+WHERE (v.pipeline = :pipeline OR v.pipeline IS NULL)
+  AND NOT (v.pipeline IS NULL AND EXISTS (
+      SELECT FROM ledger.compactions c
+      WHERE c.through_batch_id >= substring(v.problem FROM '^orphan staging table ledger_staging\.b(\d+)_a\d+(_bad)? \(batch unknown\)$')::bigint))
 UNION ALL
 -- Backfills deliver each offset once (migration 015): a committed backfill range overlaps no other committed
 -- live or backfill range, nor the offsets the partition's checkpoint holds as delivered.
@@ -28,7 +35,22 @@ UNION ALL
 SELECT format('%s[%s]: the checkpoint holds offsets %s as both backfilled and live [%s, %s)', k.topic, k.partition,
               k.backfilled * int8multirange(int8range(k.from_offset, k.until_offset)), k.from_offset, k.until_offset)
 FROM ledger.checkpoints k
-WHERE k.pipeline = :pipeline AND k.backfilled && int8multirange(int8range(k.from_offset, k.until_offset));
+WHERE k.pipeline = :pipeline AND k.backfilled && int8multirange(int8range(k.from_offset, k.until_offset))
+UNION ALL
+-- A backfill delivers only offsets before the partition's start (plan/replay.py), and a move of the cursor back
+-- never goes below what one delivered (ledger_offsets.sql: delivered_between): one past the start claims
+-- offsets as delivered that the live batches will read again.
+SELECT format('%s[%s]: backfill batch %s delivered [%s, %s), past the partition''s start offset %s',
+              r.topic, r.partition, r.batch_id, r.from_offset, r.until_offset, c.start_offset)
+FROM ledger.batch_ranges r JOIN ledger.cursors c USING (pipeline, topic, partition)
+WHERE r.pipeline = :pipeline AND r.kind = 'backfill' AND r.committed AND r.until_offset > c.start_offset
+UNION ALL
+-- Only the spans compaction kept exactly: migration 015's backfilled_unknown of a ledger compacted before it
+-- may reach past the start over offsets skipped or lost there, delivered by nobody.
+SELECT format('%s[%s]: compacted backfills delivered %s, past the partition''s start offset %s', k.topic, k.partition,
+              k.backfilled * int8multirange(int8range(c.start_offset, NULL)), c.start_offset)
+FROM ledger.checkpoints k JOIN ledger.cursors c USING (pipeline, topic, partition)
+WHERE k.pipeline = :pipeline AND k.backfilled && int8multirange(int8range(c.start_offset, NULL));
 
 -- name: verify_target_rows
 -- Every target row comes from a committed batch and lies inside a committed range of this pipeline;

@@ -28,7 +28,8 @@ ALTER TABLE {schema}.{table} ATTACH PARTITION {schema}.{partition} FOR VALUES FR
 -- name: attach_partition
 -- Metadata only: the CHECK on _batch_id and the unique index built while staging spare PostgreSQL
 -- a validation scan and an index build. The table leaves ledger_staging, so no writer finds it again;
--- without its CHECK it can take later small batches.
+-- without its CHECK it can take later small batches. The executors' grants stay behind (staging.sql: grant_staging).
+REVOKE ALL ON ledger_staging.{staging} FROM ledgerbatch_stager;
 ALTER TABLE ledger_staging.{staging} RENAME TO {partition};
 ALTER TABLE ledger_staging.{partition} SET SCHEMA {schema};
 ALTER TABLE {schema}.{table} ATTACH PARTITION {schema}.{partition} FOR VALUES FROM (:batch_id) TO ({upper});
@@ -76,15 +77,11 @@ WHERE t._topic = r.topic AND t._partition = r.partition
 
 -- name: create_merged_partition
 -- Rollup (plugins/ledgerbatch/commit/modes/rollup.py): a table in the target's shape (its defaults, CHECKs,
--- generation expressions and indexes) outside the partition tree, so filling it fires no user trigger; the
--- CHECK spares the ATTACH its validation scan.
-CREATE TABLE {schema}.{merged} (LIKE {schema}.{table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED
+-- generation expressions and indexes, by way of rollup.sql's create_rollup_template) outside the partition tree,
+-- so filling it fires no user trigger; the CHECK spares the ATTACH its validation scan.
+CREATE TABLE {schema}.{merged} (LIKE pg_temp.{template} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED
                                 INCLUDING INDEXES INCLUDING STORAGE);
 ALTER TABLE {schema}.{merged} ADD CONSTRAINT batch_range CHECK (_batch_id >= :lower AND _batch_id < :upper);
-
--- name: hold_partition
--- Writers of the partition (a replay's removal, a user's UPDATE) wait until the rollup ends; readers do not.
-LOCK TABLE {schema}.{partition} IN SHARE MODE;
 
 -- name: copy_partition
 INSERT INTO {schema}.{merged} ({columns}) SELECT {columns} FROM {schema}.{partition};

@@ -33,6 +33,16 @@ CREATE TABLE ledger_staging.{staging} (
     PRIMARY KEY ({key})
 );
 
+-- name: grant_staging
+-- Executors stage as ledgerbatch_stager (migration 017): they COPY into the attempt's tables and delete what an
+-- earlier try of their task left (by coordinates; the rows' values stay unreadable to them).
+GRANT INSERT, DELETE ON ledger_staging.{staging}, ledger_staging.{bad} TO ledgerbatch_stager;
+GRANT SELECT (_topic, _partition) ON ledger_staging.{bad} TO ledgerbatch_stager;
+
+-- name: grant_staging_coordinates
+-- Good rows with coordinates (an aggregate's groups have none and are never deleted by a task).
+GRANT SELECT (_topic, _partition) ON ledger_staging.{staging} TO ledgerbatch_stager;
+
 -- name: staging_complete
 -- Both tables exist and the good rows' table has every listed column (:columns, a text array).
 SELECT to_regclass('ledger_staging.' || quote_ident(:bad)) IS NOT NULL

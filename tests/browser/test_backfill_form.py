@@ -11,7 +11,10 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,13 +37,10 @@ def _airflow(env: dict, *args: str) -> None:
     assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stderr[-3000:]}"
 
 
-@pytest.fixture(scope="module")
-def airflow_ui(tmp_path_factory):
-    """A real api-server on a free port with the repo's DAGs serialized into its database; yields its base URL."""
-    home = tmp_path_factory.mktemp("airflow-ui")
+def ui_env(home: Path, pipelines_dir: Path, ledger: dict) -> dict:
+    """The environment of an Airflow home with the repo's DAGs over `pipelines_dir`, signed in as USER."""
     (home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
-    port = free_port()
-    env = {
+    return {
         **os.environ,
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
@@ -49,14 +49,19 @@ def airflow_ui(tmp_path_factory):
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "LEDGERBATCH_PIPELINES_DIR": str(REPO / "pipelines"),
-        # Parsing reads nothing from it but the asset URI (host, port, database): no server is contacted.
-        "AIRFLOW_CONN_LEDGERBATCH_DB": json.dumps({"conn_type": "postgres", "host": "127.0.0.1", "port": 5432,
-                                                   "login": "postgres", "schema": "ledgerbatch_form"}),
+        "LEDGERBATCH_PIPELINES_DIR": str(pipelines_dir),
+        "AIRFLOW_CONN_LEDGERBATCH_DB": json.dumps(ledger),
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
     }
+
+
+@contextmanager
+def api_server(env: dict) -> Iterator[str]:
+    """A real api-server on a free port over `env`'s home, its DAGs serialized into its database; its base URL."""
+    home = Path(env["AIRFLOW_HOME"])
     _airflow(env, "db", "migrate")
     _airflow(env, "dags", "reserialize")  # the form is drawn from the serialized DAG: no scheduler needed
+    port = free_port()
     log = (home / "api-server.log").open("w")
     server = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "api-server", "--host", "127.0.0.1",
                                "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -80,24 +85,42 @@ def airflow_ui(tmp_path_factory):
         log.close()
 
 
-@pytest.fixture
-def page(airflow_ui):
+@pytest.fixture(scope="module")
+def airflow_ui(tmp_path_factory):
+    """The api-server over the repo's pipelines; yields its base URL. Parsing reads nothing from the ledger's
+    connection but the asset URI (host, port, database): no server is contacted."""
+    env = ui_env(tmp_path_factory.mktemp("airflow-ui"), REPO / "pipelines",
+                 {"conn_type": "postgres", "host": "127.0.0.1", "port": 5432, "login": "postgres",
+                  "schema": "ledgerbatch_form"})
+    with api_server(env) as base:
+        yield base
+
+
+@contextmanager
+def signed_in_page(base: str, next_path: str, height: int, timeout_ms: int) -> Iterator:
+    """A page of headless Chromium signed in to the api-server at `base`, opened at `next_path`."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run scripts/setup.sh as root (apt-get install chromium)"
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 2000})
-            page.set_default_timeout(30_000)
-            page.goto(f"{airflow_ui}/auth/login?next=%2Fdags%2Fledgerbatch_backfill")
+            page = browser.new_page(viewport={"width": 1400, "height": height})
+            page.set_default_timeout(timeout_ms)
+            page.goto(f"{base}/auth/login?next={urllib.parse.quote(next_path, safe='')}")
             page.get_by_label("Username").fill(USER)
             page.get_by_label("Password").fill(PASSWORD)
             page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url("**/dags/ledgerbatch_backfill")
+            page.wait_for_url(f"**{next_path}")
             yield page
         finally:
             browser.close()
+
+
+@pytest.fixture
+def page(airflow_ui):
+    with signed_in_page(airflow_ui, "/dags/ledgerbatch_backfill", 2000, 30_000) as page:
+        yield page
 
 
 def _open_form(page):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -124,3 +125,20 @@ def cli(args: list[str], db_url: str, bootstrap: str | None, pipelines_dir: Path
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     done.pgid = proc.pid  # its own process group: Spark's JVM and Python workers are in it too
     return done
+
+
+def committed_offsets(engine, pipeline: str) -> int:
+    """Offsets the pipeline's cursors have moved past its start, in all."""
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT coalesce(sum(next_offset - start_offset), 0) FROM ledger.cursors "
+                                 "WHERE pipeline = :p"), {"p": pipeline}).scalar_one()
+
+
+def wait_committed(engine, pipeline: str, offsets: int, process, timeout_s: float = 180) -> float:
+    """Wait until `offsets` are committed while `process` (a follower or service) runs; the seconds it took."""
+    started = time.monotonic()
+    while committed_offsets(engine, pipeline) < offsets:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() - started < timeout_s, f"{pipeline}: {offsets} offsets not committed in {timeout_s}s"
+        time.sleep(0.05)
+    return time.monotonic() - started

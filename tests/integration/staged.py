@@ -74,11 +74,15 @@ class Pipe:
 
 
 def respec(pipe: Pipe, **sections) -> None:
-    """Merge `sections` ({"target": {...}, "history": {...}}) into the pipe's YAML and reload its spec."""
+    """Merge `sections` ({"target": {...}, "history": {...}}) into the pipe's YAML and reload its spec; a key
+    given as None is taken out (the spec's default applies again)."""
     path = pipe.dir / f"{pipe.name}.yaml"
     doc = yaml.safe_load(path.read_text())
     for key, value in sections.items():
-        doc[key] = {**doc.get(key, {}), **value}
+        merged = {**doc.get(key, {}), **value}
+        doc[key] = {k: v for k, v in merged.items() if v is not None}
+        if not doc[key]:
+            del doc[key]
     path.write_text(yaml.safe_dump(doc))
     pipe.spec = load_spec(pipe.dir, pipe.name)
 

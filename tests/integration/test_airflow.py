@@ -72,6 +72,18 @@ def test_generated_dags_import_cleanly():
     backfill = bag.dags["ledgerbatch_backfill"]
     assert backfill.schedule is None
     assert set(backfill.params) >= {"pipeline", "topic", "partitions", "from_offset", "until_offset", "dry_run"}
+    for each in bag.dags.values():  # one line in the DAG list; Airflow's date backfill refused
+        assert each.description and "\n" not in each.description and "backfill" not in each.allowed_run_types
+
+
+def refused_once(run, task_id: str) -> None:
+    """The task failed on its first try, with no retry left pending: a person's mistake (user_errors.py)."""
+    ti = run.get_task_instance(task_id)
+    assert (str(ti.state), ti.try_number) == ("failed", 1), states(run)
+
+
+def returned(run, task_id: str):
+    return run.get_task_instance(task_id).xcom_pull(task_ids=task_id)
 
 
 def test_dag_test_moves_data_and_ends_green_when_caught_up(airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
@@ -140,7 +152,8 @@ def test_process_task_retried_after_sigkill(airflow_db, connections, engine, bro
     assert_exactly_once(engine, p, broker.bootstrap_servers, {(a[0], a[1]) for a in acked}, set())
 
 
-def test_offsets_dag_moves_cursors_with_who_and_why(airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
+def test_offsets_dag_moves_cursors_with_who_and_why(airflow_db, connections, engine, broker, make_pipeline, monkeypatch,
+                                                    caplog, capfd):
     p = make_pipeline(partitions=2)
     produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
     offsets = build(p, monkeypatch)["ledgerbatch_offsets"]
@@ -154,6 +167,15 @@ def test_offsets_dag_moves_cursors_with_who_and_why(airflow_db, connections, eng
     dry = offsets.test(run_conf=conf)  # dry_run is the default
     assert str(dry.state) == "success", states(dry)
     assert cursors() == {}
+    default = offsets.test(run_conf={"pipeline": p.name, "by": "alice", "reason": "look"})  # the form as it opens
+    assert returned(default, "move") == (f"{p.name} to-latest (dry run, nothing moved): {p.topic}[0]: starts at 10; "
+                                         f"{p.topic}[1]: starts at 10")
+    no_time = offsets.test(run_conf={**conf, "to": "time"})
+    refused_once(no_time, "move")
+
+    def said() -> str:  # the task log: captured, or printed when an earlier dag.test() set up Airflow's logging
+        return caplog.text + "".join(capfd.readouterr())
+    assert "ledgerbatch_offsets: Time: Move to = time needs a Time" in said()
     real = offsets.test(run_conf={**conf, "dry_run": False})
     assert str(real.state) == "success", states(real)
     assert cursors() == {0: 10, 1: 10}  # a pipeline without cursors starts where they were moved
@@ -165,9 +187,18 @@ def test_offsets_dag_moves_cursors_with_who_and_why(airflow_db, connections, eng
 
     with pytest.raises(ParamValidationError, match="Invalid input for param by: '' should be non-empty"):
         offsets.test(run_conf={**conf, "by": "", "dry_run": False})  # the form requires who
+    from ledgerbatch.plan.live import plan_next
+
+    produce(broker.bootstrap_servers, p.topic, [(0, order_value(20))])
+    open_batch = plan_next(engine, p.spec, broker.bootstrap_servers)  # a run that planned and has not committed
+    while_open = offsets.test(run_conf={**conf, "to": "earliest", "dry_run": False})
+    refused_once(while_open, "move")  # the UI's words: the pipeline's DAG, not `ledgerbatch run`
+    assert (f"ledgerbatch_offsets: batch {open_batch.batch_id} of {p.name} is open (planned) and its ranges start at "
+            f"the cursors: let it finish (trigger the ledgerbatch_{p.name} DAG, or wait for its next run)") in said()
 
 
-def test_backfill_dag_replays_a_committed_range(airflow_db, connections, engine, broker, make_pipeline, monkeypatch):
+def test_backfill_dag_replays_a_committed_range(airflow_db, connections, engine, broker, make_pipeline, monkeypatch,
+                                                capfd):
     p = make_pipeline(partitions=2)
     acked = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(40)])
     dags = build(p, monkeypatch)
@@ -181,11 +212,24 @@ def test_backfill_dag_replays_a_committed_range(airflow_db, connections, engine,
     doc = yaml.safe_load(path.read_text())
     doc["transform"] = {"customer": "concat('vip-', customer)"}
     path.write_text(yaml.safe_dump(doc))
-    backfill = build(p, monkeypatch)["ledgerbatch_backfill"]
-    conf = {"pipeline": p.name, "partitions": [1], "from_offset": 5, "until_offset": 10}
+    dags = build(p, monkeypatch)
+    backfill = dags["ledgerbatch_backfill"]
+    conf = {"pipeline": p.name, "partitions": "1", "from_offset": 5, "until_offset": 10}
+
+    backwards = backfill.test(run_conf={**conf, "from_offset": 10, "until_offset": 5})
+    refused_once(backwards, "plan")  # after a pipeline's dag.test(), the task log is printed, not in caplog
+    assert "ledgerbatch_backfill: Until offset 5: must be above From offset (10)" in "".join(capfd.readouterr())
+    back = dags["ledgerbatch_offsets"].test(run_conf={"pipeline": p.name, "to": "earliest", "partitions": "1",
+                                                      "by": "bob", "reason": "again", "dry_run": False})
+    refused_once(back, "move")  # the UI's words: the backfill DAG and its fields, not the CLI's flags
+    assert (f"ledgerbatch_offsets: {p.topic}[1] back from 20 to 0 would deliver 20 offsets again that batches "
+            f"delivered; re-deliver them with the ledgerbatch_backfill DAG instead: Pipeline {p.name}, Topic "
+            f"{p.topic}, Partitions 1, From offset 0, Until offset 20") in "".join(capfd.readouterr())
 
     dry = backfill.test(run_conf={**conf, "dry_run": True})
     assert str(dry.state) == "success", states(dry)
+    assert returned(dry, "commit") == (f"dry run of replay batch {returned(dry, 'plan')}, {p.topic}[1] [5, 10): 0 "
+                                       f"unchanged, 0 added, 0 removed, 5 changed, 0 quarantined; target untouched")
     with engine.connect() as conn:
         unchanged = {(r._partition, r._offset): r.customer for r in conn.execute(
             text(f'SELECT _partition, _offset, customer FROM public."{p.table}"'))}
@@ -236,7 +280,11 @@ def test_history_dag_compacts_and_purges_each_pipeline_as_asked(airflow_db, conn
     assert str(dags[f"ledgerbatch_{p.name}"].test().state) == "success"
     history = dags["ledgerbatch_history"]
     assert [t.task_id for t in history.tasks] == [f"upkeep_{p.name}"] and history.schedule == "@daily"
-    run = history.test(run_conf={"compact_before": "2099-01-01T00:00:00", "purge_before": "2099-01-01T00:00:00"})
+    dry = history.test(run_conf={"purge_before": "2099-01-01T00:00:00", "dry_run": True})
+    assert returned(dry, f"upkeep_{p.name}") == (f"dry run of {p.name}'s purge: 1 quarantined records before "
+                                                 f"2099-01-01T00:00:00+00:00 would be purged; nothing changed")
+    run = history.test(run_conf={"compact_before": "2099-01-01T00:00:00", "purge_before": "2099-01-01T00:00:00",
+                                 "dry_run": False})  # dag.test() keeps the params of the run before
     assert str(run.state) == "success", states(run)
     with engine.connect() as conn:
         left = conn.execute(text("SELECT (SELECT count(*) FROM ledger.batches WHERE pipeline = :p), "

@@ -78,7 +78,7 @@ def replayed(connections, engine, broker, make_pipeline, monkeypatch):
     doc = yaml.safe_load(path.read_text())
     doc["transform"] = {"customer": "concat('vip-', customer)"}
     path.write_text(yaml.safe_dump(doc))
-    conf = {"pipeline": p.name, "partitions": [1], "from_offset": 5, "until_offset": 10, "dry_run": False, "approve": True}
+    conf = {"pipeline": p.name, "partitions": "1", "from_offset": 5, "until_offset": 10, "dry_run": False, "approve": True}
     return p, acked, build(p, monkeypatch)["ledgerbatch_backfill"], conf
 
 

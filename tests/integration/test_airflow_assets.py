@@ -36,7 +36,7 @@ def test_commit_publishes_the_target_asset_with_the_batch_only_when_committed_no
     uri = f"postgres://{u.host}:{u.port}/{u.database}/public/{p.table}"
     dag = build(p, monkeypatch)[f"ledgerbatch_{p.name}"]
     commit = dag.get_task("commit")
-    assert commit.outlets == [Asset(uri)]
+    assert commit.outlets == [Asset(uri, group="ledgerbatch")]
     assert dag.get_task("plan").outlets == [] and dag.get_task("process").outlets == []
 
     run = dag.test()
@@ -63,8 +63,8 @@ def test_commit_publishes_the_target_asset_with_the_batch_only_when_committed_no
     again = commit.prepare_for_execution()
     again.batch_id = str(batch.batch_id)
     outlet_events = OutletEventAccessors()
-    assert again.execute({"outlet_events": outlet_events})["already_committed"] is True
-    assert again.outlets == [] and commit.outlets == [Asset(uri)]
+    assert f"batch {batch.batch_id} was already committed into" in again.execute({"outlet_events": outlet_events})
+    assert again.outlets == [] and commit.outlets == [Asset(uri, group="ledgerbatch")]
 
 
 def test_backfill_commit_publishes_through_its_alias_and_a_dry_run_publishes_nothing(

@@ -127,9 +127,9 @@ def test_dagbag_dags_carry_assets_watchers_and_a_nullable_backfill_form(pipeline
     assert bag.import_errors == {}
 
     good = bag.dags["ledgerbatch_good"]
-    assert good.get_task("commit").outlets == [Asset("postgres://db.example.com:5432/analytics/public/good")]
+    assert good.get_task("commit").outlets == [Asset("postgres://db.example.com:5432/analytics/public/good", group="ledgerbatch")]
     event_driven = bag.dags["ledgerbatch_events"]
-    assert event_driven.get_task("commit").outlets == [Asset("postgres://db.example.com:5432/analytics/sales/events")]
+    assert event_driven.get_task("commit").outlets == [Asset("postgres://db.example.com:5432/analytics/sales/events", group="ledgerbatch")]
     (watched,) = event_driven.timetable.asset_condition.objects
     assert watched.uri == "x-ledgerbatch://pipelines/events/new-data"
     assert isinstance(watched.watchers[0].trigger, NewDataTrigger) and watched.watchers[0].trigger.pipeline == "events"

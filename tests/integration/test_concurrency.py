@@ -6,12 +6,14 @@ made deterministic by a session that parks the live commit before its COMMIT (st
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import yaml
 from sqlalchemy import text
 
 from ledgerbatch.commit.diff import staged_diff
+from ledgerbatch.commit.target import lock_target
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import ReconcileError, SpecError
 from ledgerbatch.ledger.batches import begin_attempt, get_batch
@@ -261,3 +263,28 @@ def test_a_topic_removed_from_the_spec_keeps_its_cursors_and_blocks_nothing(engi
     with engine.connect() as conn:  # the retired topic's cursor stays in the ledger
         assert get_cursors(conn, p.name) == {(p.topic, 0): 1, (f"{p.topic}_v2", 0): 0}
 
+
+
+def test_a_commit_says_how_long_it_waited_for_the_targets_lock(engine, make_pipe):
+    p = make_pipe(mode="append")
+    s = staged_batch(engine, p, {0: (0, 1)}, good=[(0, 0, "o-0", "1.00")])
+    outcome = {}
+    with engine.connect() as holder:
+        with holder.begin():  # another commit into the target (or a step of the upkeep) holds its lock
+            lock_target(holder, p.spec)
+            committer = threading.Thread(target=lambda: outcome.update(r=commit_batch(engine, p.spec, s.batch_id)))
+            committer.start()
+            deadline = time.monotonic() + 30
+            while not waiting_for_a_lock(engine) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)  # held 0.5 s more once the commit waits for it
+    committer.join(30)
+    result = outcome["r"]
+    assert 0.5 <= result.waited < result.seconds, result
+
+
+def waiting_for_a_lock(engine) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                                 "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                                 )).scalar_one() > 0

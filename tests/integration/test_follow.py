@@ -8,26 +8,10 @@ import sys
 import time
 
 import pytest
-from sqlalchemy import text
 
-from .helpers import REPO, assert_exactly_once, order_value, produce
+from .helpers import REPO, assert_exactly_once, order_value, produce, wait_committed
 
 pytestmark = pytest.mark.integration
-
-
-def _committed_offsets(engine, pipeline: str) -> int:
-    with engine.connect() as conn:
-        return conn.execute(text("SELECT coalesce(sum(next_offset - start_offset), 0) FROM ledger.cursors "
-                                 "WHERE pipeline = :p"), {"p": pipeline}).scalar_one()
-
-
-def _wait_for(engine, pipeline: str, offsets: int, follower: subprocess.Popen, timeout_s: float = 180) -> float:
-    started = time.monotonic()
-    while _committed_offsets(engine, pipeline) < offsets:
-        assert follower.poll() is None, follower.communicate()
-        assert time.monotonic() - started < timeout_s, f"{offsets} offsets not committed in {timeout_s}s"
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 def test_follow_keeps_spark_warm_and_delivers_each_wave_once(engine, db_url, broker, make_pipeline):
@@ -39,11 +23,11 @@ def test_follow_keeps_spark_warm_and_delivers_each_wave_once(engine, db_url, bro
                                 env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     try:
-        cold = _wait_for(engine, p.name, 50, follower)
+        cold = wait_committed(engine, p.name, 50, follower)
         time.sleep(1.5)  # idle: it looks again several times, and says so once
         second = produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i) if i != 60 else b"{bad")
                                                              for i in range(50, 100)])
-        warm = _wait_for(engine, p.name, 100, follower)
+        warm = wait_committed(engine, p.name, 100, follower)
         # The second wave reuses the running session: far quicker than the first, which started Spark.
         assert warm < cold, (warm, cold)
         time.sleep(1.0)

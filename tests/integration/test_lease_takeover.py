@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import text
 
 from ledgerbatch.ledger.batches import begin_attempt, get_batch
-from ledgerbatch.ledger.engine import make_engine
+from ledgerbatch.ledger.engine import fresh_database, make_engine
+from ledgerbatch.ledger.migrations import migrate
 from ledgerbatch.model.batch import BatchStatus
 from ledgerbatch.stage import lease, process
 from ledgerbatch.stage.lease import LEASE_S, AttemptLease, begin_own_attempt
@@ -135,7 +136,24 @@ def test_only_attempts_left_unfinished_are_remembered_and_only_so_many(engine, m
     for batch_id in range(1_000_000, 1_000_000 + 3 * lease.LEFT_KEPT):
         leave(engine, batch_id, 1)
     assert len(lease._LEFT) == lease.LEFT_KEPT
-    assert lease.left_here(1_000_000 + 3 * lease.LEFT_KEPT - 1, 1) and not lease.left_here(1_000_000, 1)
+    assert lease.left_here(engine, 1_000_000 + 3 * lease.LEFT_KEPT - 1, 1)
+    assert not lease.left_here(engine, 1_000_000, 1)
     with AttemptLease(engine, 1_000_000 + 3 * lease.LEFT_KEPT - 1, 2):  # a later attempt staged it: forgotten
         pass
     assert len(lease._LEFT) == lease.LEFT_KEPT - 1
+
+
+def test_an_attempt_left_in_another_ledger_is_not_this_ledgers(engine, db_url, make_pipe):
+    name = f"{engine.url.database}_other"
+    other = make_engine(fresh_database(db_url, name))  # one process, two ledgers
+    try:
+        migrate(other)
+        p = make_pipe()
+        s = begin(engine, p, plan(engine, p, {0: (0, 2)}))  # another runner's live attempt here
+        leave(other, s.batch_id, s.attempt)  # the same batch id and attempt, left in the other ledger
+        with engine.begin() as conn:
+            assert begin_own_attempt(conn, s.batch_id) is None  # waited for, not fenced
+    finally:
+        other.dispose()
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -92,7 +92,15 @@ def test_each_refusal_is_quarantined_with_its_reason(engine, make_pipe, monkeypa
         assert "amount" in got[0][4]
     else:
         assert got[0][4] == (constraint and constraint.format(name=p.table))
-    assert "refused by the target: " in quarantine(engine, p)[0][3]
+    error = quarantine(engine, p)[0][3]
+    assert "refused by the target: " in error and bad_rows[0][2] not in error.replace("order o-7 is", "")
+    with engine.connect() as conn:  # the server's detail holds the row's values: apart, where the inspector cannot read
+        detail = conn.execute(text("SELECT error_detail FROM ledger.quarantine WHERE pipeline = :p"),
+                              {"p": p.name}).scalar_one()
+    if kind in ("check", "not null", "check added NOT VALID"):
+        assert detail.startswith("Failing row contains (") and bad_rows[0][2] in detail
+    elif kind in ("foreign key", "unique index"):
+        assert detail.startswith("Key (")
     with engine.connect() as conn:
         ranges = conn.execute(text("SELECT records_read, records_rejected FROM ledger.batch_ranges WHERE batch_id = :b"),
                               {"b": s.batch_id}).all()
@@ -301,7 +309,8 @@ def test_on_reject_fail_stops_the_run_loudly_with_nothing_written(engine, db_url
     assert len(batch_ids) == 1, failed.stderr[-3000:]  # a run that failed before planning says why
     batch_id = batch_ids[0]
     assert (f"the target refused 1 of 20 rows, the first {p.topic}[0] offset 9: new row for relation "
-            f'"{p.table}_b{batch_id}" violates check constraint "positive" (Failing row contains (o-29, ') in failed.stderr
+            f'"{p.table}_b{batch_id}" violates check constraint "positive" (SQLSTATE 23514') in failed.stderr
+    assert "o-29" not in failed.stderr  # the row's values (the server's detail) stay out of errors and logs
     assert "(SQLSTATE 23514, constraint positive); errors.on_reject is fail, so nothing was written" in failed.stderr
     with engine.connect() as conn:
         assert conn.execute(text(f'SELECT count(*) FROM public."{p.table}"')).scalar_one() == 0

@@ -21,3 +21,10 @@ def test_a_local_sessions_ui_listens_on_loopback_and_cannot_kill(spark):
     loopback = ("0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F")
     assert listening and all(address in loopback for address in listening), listening
     assert spark.conf.get("spark.ui.killEnabled") == "false"
+
+
+def test_sessions_ledgerbatch_starts_substitute_no_variables(spark, monkeypatch):
+    """Besides the spec-load refusal of `${` (spec/sql_rights.py), Spark itself leaves ${env:...} as text."""
+    monkeypatch.setenv("LB_SUBSTITUTION_PROBE", "from the environment")
+    assert spark.conf.get("spark.sql.variable.substitute") == "false"
+    assert spark.sql("SELECT '${env:LB_SUBSTITUTION_PROBE}' AS v").collect()[0].v == "${env:LB_SUBSTITUTION_PROBE}"

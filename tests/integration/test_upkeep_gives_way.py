@@ -321,6 +321,6 @@ def test_the_airflow_commit_task_does_not_fail_when_the_rollup_does(engine, make
     monkeypatch.setattr(operators, "record_lag", lambda *a, **k: None)
     task.__dict__["kafka_hook"] = type("Kafka", (), {"get_bootstrap_servers": lambda self: "unused:9092"})()
     result = task.execute({})
-    assert result["rows_written"] == 1 and batch(engine, s.batch_id).status == "committed"
+    assert "1 row written" in result and batch(engine, s.batch_id).status == "committed"
     assert failures(p.name, "rollup") == {"2BP01": 1}
 

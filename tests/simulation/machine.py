@@ -7,32 +7,40 @@ fold every batch with the checks still holding.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import threading
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from ledgerbatch.commit.modes.rollup import bound_partitions
+from ledgerbatch.commit.target import lock_target
 from ledgerbatch.commit.transaction import commit_batch
-from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.errors import OVER_BUDGET, LedgerbatchError, ReconcileError
 from ledgerbatch.model.batch import BatchStatus
 from ledgerbatch.ops.abandon import abandon_batch
+from ledgerbatch.ops.deep_verify import deep_verify
 from ledgerbatch.ops.history import compact, purge_quarantine, upkeep
 from ledgerbatch.ops.offsets import Target, set_offsets
 from ledgerbatch.ops.pause import pause_pipeline, resume_pipeline
 from ledgerbatch.ops.verify import verify
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
+from ledgerbatch.stage import lease
+from ledgerbatch.stage.tables import StagingTables, staging_name
 from tests.integration import staged
 from tests.integration.staged import respec
 
 from .model import Model, offsets
-from .stand_ins import SERVERS, kafka_of
-from .world import KINDS, PARTITIONS, Rules, World
-from . import user_rules
+from .stand_ins import SERVERS, executors, kafka_of, offset_at
+from .world import KINDS, PARTITIONS, Rules, World, timestamp_ms
+from . import tampering, user_rules
 
 PIPES = {  # mode -> staged.Pipe arguments
     "append": {"mode": "append"},
@@ -41,13 +49,16 @@ PIPES = {  # mode -> staged.Pipe arguments
     "changes": {"mode": "upsert", "deletes": True},
     "aggregate": {"mode": "aggregate"},
 }
+USER_RULES = {"check": None, "trigger": None, "key_index": "append", "foreign_key": None,
+              "self_reference": "upsert"}  # the user's rules (user_rules.py) -> the only mode that takes it
 
 
 class Simulation(RuleBasedStateMachine):
     engine = None  # the session's engine and a temp dir for specs, set by the runner (run.py)
     directory: Path = None
     modes = tuple(PIPES)
-    without: frozenset[str] = frozenset()  # `strand` and record kinds left out, to look past a fault found
+    without: frozenset[str] = frozenset()  # `strand`, rules (tamper, interfere, offsets) and record kinds left
+    # out, to look past a fault found
     drawn: dict[str, int] = {}  # rule -> times drawn, over every history of the run
     histories: dict[str, list[int]] = {}  # mode -> [histories run, histories failing]
 
@@ -57,6 +68,8 @@ class Simulation(RuleBasedStateMachine):
         self.model = None
         self.pipe = None
         self.paused = False
+        self.caps: dict[str, int] = {}  # batch.max_records / max_bytes in the spec now
+        self.errors = {"max_ratio": 1.0, "policy": "quarantine", "min_bad": 0}  # the spec's errors section now
         self.stranded: list[int] = []  # replays planned and walked away from (an interrupted `replay`)
         self._kafka = contextlib.ExitStack()
         self._kafka.enter_context(kafka_of(self.world))
@@ -74,7 +87,7 @@ class Simulation(RuleBasedStateMachine):
         """A new pipeline that starts at the log's end: the `first` offsets of each partition are for backfills."""
         self.model = Model(mode, self.world)
         Simulation.histories.setdefault(mode, [0, 0])[0] += 1
-        self.pipe = staged.Pipe(self.directory, max_ratio=1.0, **PIPES[mode])
+        self.pipe = staged.Pipe(self.directory, max_ratio=self.errors["max_ratio"], **PIPES[mode])
         extra = {"source": {"start": "latest"}}
         if mode == "append":
             extra["target"] = {"partitions": {"max": 2, "attach_min_rows": attach_min_rows}}
@@ -82,10 +95,13 @@ class Simulation(RuleBasedStateMachine):
         for p in range(PARTITIONS):
             self.world.logs[p].kinds += ["good"] * first
 
-    @rule(partition=st.integers(0, PARTITIONS - 1), data=st.data(), n=st.integers(1, 6))
-    def produce(self, partition, data, n):
+    @rule(what=st.tuples(st.integers(0, PARTITIONS - 1), st.lists(st.integers(0, 7), min_size=1, max_size=6)))
+    def produce(self, what):
+        """Records produced to a partition, of kinds drawn as indexes into the mode's (one argument: Hypothesis
+        draws a rule with fewer arguments more often, and histories need records)."""
+        partition, drawn = what
         kinds = [k for k in KINDS[self.model.mode] if k not in self.without]
-        self.world.logs[partition].kinds += data.draw(st.lists(st.sampled_from(kinds), min_size=n, max_size=n))
+        self.world.logs[partition].kinds += [kinds[i % len(kinds)] for i in drawn]
         self._drawn("produce")
 
     @rule(partition=st.integers(0, PARTITIONS - 1), n=st.integers(1, 8))
@@ -100,28 +116,52 @@ class Simulation(RuleBasedStateMachine):
 
     @rule()
     def run(self):
-        """`ledgerbatch run`: the step Hypothesis draws most, a rule without arguments, so histories move on."""
+        """`ledgerbatch run`: the upkeep it runs before it plans (an append target's partition rollup), then a
+        live batch and the rollup after its commit (as run and the Airflow commit task do); the step Hypothesis
+        draws most, a rule without arguments, so histories move on."""
+        self._drawn("run")
+        if self.model.mode == "append":
+            self.rollup()
         self.live("commit")
+        if self.model.mode == "append":
+            self.rollup()
 
     @rule(stop=st.sampled_from(["commit", "planned", "staged"]))
     def live(self, stop):
         """Plan the next live batch (or resume the open one), stage it, commit it: or stop where a killed
         process would."""
+        self._drawn("live")
+        batch = self._plan_live()
+        if batch is not None:
+            self._finish(batch, stop)
+
+    def _plan_live(self):
+        """plan_next, checked: a new batch plans from every cursor to the log's end (within the caps), an open
+        one is resumed; None when nothing is pending or the pipeline is paused."""
         open_before = self._open_live()
         batch = plan_next(self.engine, self.pipe.spec, SERVERS)
         if not self.model.start and not self.paused:  # a paused pipeline does not start either
             self.model.start = {p: log.high for p, log in enumerate(self.world.logs)}
             self.model.cursors = dict(self.model.start)
-        self._drawn("live")
         if batch is None:
             assert self.paused or not self.model.pending(), f"no batch planned, yet {self.model.pending()} is pending"
-            return
-        if open_before is None:  # a new batch: from each cursor to the log's end
-            got = {r.partition: (r.from_offset, r.until_offset) for r in batch.ranges}
-            assert got == self.model.pending(), f"planned {got}, expected {self.model.pending()}"
-        else:
+            return None
+        if open_before is not None:
             assert batch.batch_id == open_before, f"planned batch {batch.batch_id} while {open_before} is open"
-        self._finish(batch, stop)
+            return batch
+        got = {r.partition: (r.from_offset, r.until_offset) for r in batch.ranges}
+        pending = self.model.pending()
+        if not self.caps:
+            assert got == pending, f"planned {got}, expected {pending}"
+            return batch
+        # capped: from the cursors, within what is pending, at most max_records offsets in all
+        assert got and all(p in pending and lo == pending[p][0] and lo < hi <= pending[p][1]
+                           for p, (lo, hi) in got.items()), f"planned {got} under {self.caps}, pending {pending}"
+        cap, per_partition = self.caps.get("max_records"), self.caps.get("max_records_per_partition")
+        assert cap is None or sum(hi - lo for lo, hi in got.values()) <= cap, f"planned {got}, over max_records {cap}"
+        assert per_partition is None or all(hi - lo <= per_partition for lo, hi in got.values()), \
+            f"planned {got}, over max_records_per_partition {per_partition}"
+        return batch
 
     @rule(data=st.data(), partition=st.integers(0, PARTITIONS - 1), stop=st.sampled_from(["commit", "commit", "planned"]))
     def redeliver(self, data, partition, stop):
@@ -165,16 +205,34 @@ class Simulation(RuleBasedStateMachine):
                 return
         elif stop != "commit":
             return
-        commit_batch(self.engine, self.pipe.spec, batch.batch_id)
+        self._commit(batch)
+
+    def _commit(self, batch) -> bool:
+        """Commit a staged batch, and what the model asks of it: a batch
+        over errors.max_ratio fails with its reason and changes nothing; the operator abandons it (it cannot
+        commit under another spec version), so its offsets are planned again."""
+        over = self.model.over_budget(batch.ranges, **self.errors)
+        try:
+            commit_batch(self.engine, self.pipe.spec, batch.batch_id)
+        except ReconcileError as exc:
+            assert over and (OVER_BUDGET in str(exc) or "errors.policy is fail" in str(exc)), \
+                f"batch {batch.batch_id} failed: {exc}"
+            abandon_batch(self.engine, self.pipe.spec, batch.batch_id, by="sim", reason="over errors.max_ratio")
+            self._drawn("over_budget")
+            return False
+        assert not over, f"batch {batch.batch_id} committed, yet its bad records are over {self.errors}"
         self.model.deliver(str(batch.kind), batch.ranges)
         if str(batch.kind) == "live":
             for r in batch.ranges:
                 self.model.cursors[r.partition] = r.until_offset
+        return True
 
     def _records(self, ranges) -> tuple[list[tuple], list[tuple]]:
         """What the executors would stage: good rows and bad records, as staged.fill takes them."""
         good, bad = [], []
         for p, o in offsets(ranges):
+            if o >= self.world.logs[p].high or not self.world.held(p, o):  # none there (a tampered range), or an
+                continue  # aborted transaction's offset: the reader skips it
             rec = self.world.record(p, o)
             if rec is None:
                 bad.append((p, o, "poison: not JSON"))
@@ -204,6 +262,16 @@ class Simulation(RuleBasedStateMachine):
         self.model.compacted |= done.batches > 0
         self._drawn("compact")
 
+    @precondition(lambda self: self.model is not None and self.model.compacted)
+    @rule(partition=st.integers(0, PARTITIONS - 1))
+    def backfill_compacted(self, partition):
+        """The backfill DAG over what lies below the start, after compaction folded history (a change
+        pipeline's deletes, an aggregate's contributions, backfills around a gap, which a backfill must still
+        respect): drawn more often there than `redeliver`'s any range would; counted as `redeliver:<kind>`."""
+        low, start = self.world.logs[partition].low, self.model.start.get(partition, 0)
+        if low < start:
+            self.redeliver_range(partition, low, start)
+
     @precondition(lambda self: self.model is not None and self.model.mode == "append")
     @rule(why=st.just("upkeep"))
     def rollup(self, why="upkeep"):
@@ -223,18 +291,69 @@ class Simulation(RuleBasedStateMachine):
         self._drawn("purge")
 
     @precondition(lambda self: self.model is not None and self.model.start)
-    @rule(why=st.just("skip"))
-    def skip_to_latest(self, why="skip"):
-        """`ledgerbatch offsets --to-latest`: refused while a live batch is open."""
-        open_id = self._open_live()
-        try:
-            set_offsets(self.engine, self.pipe.spec, SERVERS, Target(latest=True), by="sim", reason="skip")
-        except LedgerbatchError as exc:
-            assert open_id is not None, f"moving the cursors to the end was refused: {exc}"
+    @rule(data=st.data(), how=st.sampled_from(["offset", "earliest", "latest", "time"]))
+    def move_offsets(self, data, how):
+        """`ledgerbatch offsets --to-offset N | --to-earliest | --to-latest | --to-time T` of every partition:
+        refused (changing nothing) while a live batch is open, for an offset outside a log, or back over
+        offsets a batch delivered; else each cursor moves there, a skip forward recorded, back over skipped
+        offsets allowed (the next run delivers them)."""
+        if "offsets" in self.without:
             return
-        assert open_id is None, f"moved the cursors while batch {open_id} is open"
-        self.model.cursors = {p: self.world.logs[p].high for p in self.model.cursors}
-        self._drawn("skip_to_latest")
+        logs = self.world.logs
+        offset, when = None, None
+        if how == "offset":  # about the logs' marks, below the start and past the end included
+            marks = sorted({0, *(l.low for l in logs), *(l.high for l in logs), *self.model.cursors.values()})
+            offset = data.draw(st.sampled_from(marks) | st.integers(-1, max(marks) + 2), label="offset")
+        elif how == "time":
+            when = timestamp_ms(data.draw(st.integers(-1, max(l.high for l in logs) + 1), label="at offset"))
+        targets = {p: offset if how == "offset" else log.low if how == "earliest" else log.high if how == "latest"
+                   else offset_at(self.world, p, when) for p, log in enumerate(logs)}
+        target = Target(offset=offset, earliest=how == "earliest", latest=how == "latest",
+                        time=None if when is None else datetime.fromtimestamp(when / 1000, timezone.utc).isoformat())
+        open_id = self._open_live()
+        outside = [p for p, to in targets.items() if not logs[p].low <= to <= logs[p].high]
+        again = [p for p, to in targets.items() if to < self.model.cursors[p]
+                 and any((p, o) in self.model.delivered for o in range(to, self.model.cursors[p]))]
+        # compaction folds skipped offsets into its checkpoints, and a move back over a checkpoint is refused
+        folded_skips = self.model.compacted and any((p, o) in self.model.skipped for p, to in targets.items()
+                                                    for o in range(to, self.model.cursors[p]))
+        self._drawn(f"offsets:{how}")
+        try:
+            set_offsets(self.engine, self.pipe.spec, SERVERS, target, by="sim", reason=f"offsets {how}")
+        except LedgerbatchError as exc:
+            assert open_id is not None or outside or again or folded_skips, f"offsets {target} refused: {exc}"
+            return
+        assert open_id is None and not outside and not again, \
+            f"offsets {target} moved the cursors (open batch {open_id}, outside {outside}, back over delivered {again})"
+        for p, to in targets.items():
+            cur = self.model.cursors[p]
+            self.model.skipped |= {(p, o) for o in range(cur, to)}
+            self.model.skipped -= {(p, o) for o in range(to, cur)}
+            self.model.cursors[p] = to
+            self.model.start[p] = min(self.model.start[p], to)  # back below the start: those are live offsets now
+
+    @rule(caps=st.tuples(st.sampled_from([None, None, 1, 2, 5]), st.sampled_from([None, None, 1, 3]),
+                         st.sampled_from([None, None, 70, 300])))
+    def caps(self, caps):
+        """batch.max_records, max_records_per_partition and max_bytes changed between batches (a spec change:
+        only while no live batch is open, as one never commits under another spec version)."""
+        if self._open_live() is not None:
+            return
+        self._drawn("caps")
+        drawn = dict(zip(("max_records", "max_records_per_partition", "max_bytes"), caps))
+        respec(self.pipe, batch=drawn)
+        self.caps = {k: v for k, v in drawn.items() if v is not None}
+
+    @rule(errors=st.tuples(st.sampled_from([1.0, 0.2, 0.0]), st.sampled_from(["quarantine", "quarantine", "fail"]),
+                           st.sampled_from([0, 0, 2])))
+    def error_budget(self, errors):
+        """errors.max_ratio, errors.policy and errors.min_bad changed between batches: a batch over them fails
+        with its reason (machine._commit)."""
+        if self._open_live() is not None:
+            return
+        self._drawn("error_budget")
+        self.errors = dict(zip(("max_ratio", "policy", "min_bad"), errors))
+        respec(self.pipe, errors=self.errors)
 
     @rule(why=st.sampled_from(["maintenance", "an incident"]))
     def pause_or_resume(self, why="the end of the history"):
@@ -246,15 +365,140 @@ class Simulation(RuleBasedStateMachine):
         self._drawn("pause_or_resume")
 
     @precondition(lambda self: self.model is not None and self.model.mode in ("append", "upsert"))
-    @rule(which=st.sampled_from(["check", "trigger", "key_index"]))
+    @rule(which=st.integers(0, 4))
     def user_ddl(self, which):
-        """The user adds a rule of their own to the target, as on any big table."""
-        if which == "key_index" and self.model.mode != "append" or getattr(self.model.rules, which):
+        """The user adds a rule of their own to the target, as on any big table: the `which`-th of those not
+        added yet that the mode takes (an index on the key: append's; a key to refer to: upsert's)."""
+        left = [r for r in ("check", "trigger", "key_index", "foreign_key", "self_reference")
+                if not getattr(self.model.rules, r) and USER_RULES[r] in (None, self.model.mode)]
+        if isinstance(which, int):  # drawn; a history written out (test_histories.py) names the rule
+            if not left:
+                return
+            which = left[which % len(left)]
+        elif which not in left:
             return
         self._drawn(f"user_ddl:{which}")
         if not user_rules.add(self.engine, self.pipe, which):
             return  # no target yet, or the index cannot hold a key already there
         self.model.rules = Rules(**{**self.model.rules.__dict__, which: True})
+
+    # -- tampering and interference
+
+    @precondition(lambda self: self.pipe is not None)
+    @rule(what=st.tuples(st.sampled_from(tampering.HOW), st.integers(0, 1000)))
+    def tamper(self, what):
+        """A change behind the product's back: `verify` (or, for what only Kafka can tell, `verify --deep`)
+        must name it; then it is undone by hand, and the history goes on clean."""
+        if "tamper" in self.without:
+            return
+        how, pick = what
+        undo = tampering.tamper(self.engine, self.pipe, how, pick, [log.low for log in self.world.logs])
+        if undo is None:
+            self._drawn(f"tamper:{how}:nothing to tamper with")
+            return
+        try:
+            problems = verify(self.engine, self.pipe.spec)
+            found = "verify" if problems else "deep" if self._deep_problems() else None
+            assert found, f"nobody named the tampering ({how}): verify and verify --deep are clean"
+            self._drawn(f"tamper:{how}:{found}")
+        finally:
+            undo()
+
+    @precondition(lambda self: self.pipe is not None)
+    @rule(sample=st.sampled_from([1.0, 0.5]))
+    def verify_deep(self, sample):
+        """`ledgerbatch verify --deep`: the committed ranges read again (staged by hand from the logs, as the
+        executors would) and compared; clean after honest steps."""
+        problems = self._deep_problems(sample)
+        assert not problems, f"verify --deep: {problems}"
+        self._drawn("verify_deep")
+
+    def _deep_problems(self, sample: float = 1.0) -> list[str]:
+        def stage(batch_id):
+            s = staged.begin(self.engine, self.pipe, batch_id)
+            staged.fill(self.engine, self.pipe, s, *self._records(staged.batch(self.engine, batch_id).ranges))
+        with executors(stage):
+            report = deep_verify(self.engine, self.pipe.spec, self.engine.url.render_as_string(hide_password=False),
+                                 SERVERS, lambda: None, sample=sample)
+        return report.problems
+
+    @precondition(lambda self: self.model is not None and self.model.start)
+    @rule(what=st.tuples(st.sampled_from(["target_lock", "ranges", "terminate", "stale_attempt"]),
+                         st.sampled_from([0.05, 0.3])))
+    def interfere(self, what):
+        """A live batch committed while something gets in its way: a second connection holds the commit lock
+        (commit/target.py: lock_target) or the batch's ranges, released from a thread after `delay` (the
+        commit waits, nothing wedges); the commit's connection is killed (pg_terminate_backend) at its crash
+        point before COMMIT (it rolls back whole, the batch stays staged, the next run finishes it); a stale
+        attempt comes back after its lease lapsed and another attempt began (stage/lease.py: fenced)."""
+        if "interfere" in self.without:
+            return
+        how, delay = what
+        if not self.paused and self.model.start and not self.model.pending() and self._open_live() is None:
+            self.world.logs[int(delay * 10) % PARTITIONS].kinds.append("good")  # a batch to get in the way of
+        batch = self._plan_live()
+        if batch is None:
+            return
+        if how == "stale_attempt":
+            if batch.status != BatchStatus.PLANNED or not hasattr(lease, "begin_own_attempt"):  # dd99b59 has none
+                return self._finish(batch, "commit")
+            self._drawn(f"interfere:{how}")
+            self._stale_attempt(batch)
+            self._commit(batch)
+            return
+        if batch.status == BatchStatus.PLANNED:
+            self._finish(batch, "staged")
+        self._drawn(f"interfere:{how}")
+        if how == "terminate" and not self.model.over_budget(batch.ranges, **self.errors):
+            os.environ["LEDGERBATCH_TERMINATE_AT"] = "before_commit"
+            try:
+                commit_batch(self.engine, self.pipe.spec, batch.batch_id)
+                raise AssertionError(f"batch {batch.batch_id} committed through pg_terminate_backend")
+            except DBAPIError:
+                pass
+            finally:
+                del os.environ["LEDGERBATCH_TERMINATE_AT"]
+            assert staged.batch(self.engine, batch.batch_id).status == BatchStatus.STAGED
+            return
+        holder = self.engine.connect()
+        tx = holder.begin()
+        if how == "target_lock":
+            lock_target(holder, self.pipe.spec)
+        elif how == "ranges":
+            holder.execute(text("SELECT 1 FROM ledger.batch_ranges WHERE batch_id = :b FOR UPDATE"), {"b": batch.batch_id})
+
+        def release():
+            tx.rollback()
+            holder.close()
+        releaser = threading.Timer(delay, release)
+        started = time.monotonic()
+        releaser.start()
+        try:
+            committed = self._commit(batch)
+        finally:
+            releaser.join()
+        assert not committed or time.monotonic() - started >= delay * 0.9, f"the commit did not wait for the {how} held"
+
+    def _stale_attempt(self, batch) -> None:
+        """Attempt 1 begins; while its lease is fresh no other attempt may begin; an hour later another does;
+        attempt 1 comes back with its result, which is refused (fenced), and changes nothing."""
+        stale = staged.begin(self.engine, self.pipe, batch.batch_id)
+        with self.engine.begin() as conn:
+            assert lease.begin_own_attempt(conn, batch.batch_id) is None, "a second attempt began under a live lease"
+            conn.execute(text("UPDATE ledger.batches SET heartbeat_at = heartbeat_at - interval '1 hour', "
+                              "updated_at = updated_at - interval '1 hour' WHERE batch_id = :b"), {"b": batch.batch_id})
+        with self.engine.begin() as conn:
+            attempt = lease.begin_own_attempt(conn, batch.batch_id, staged.output_schema(self.pipe))
+            assert attempt is not None, "no attempt could begin after the lease lapsed"
+            StagingTables(staging_name(batch.batch_id, attempt)).create(conn, staged.target_shape(self.pipe), batch.batch_id)
+        good, bad = self._records(batch.ranges)
+        try:
+            staged.fill(self.engine, self.pipe, stale, good, bad)
+            raise AssertionError(f"batch {batch.batch_id}: the stale attempt {stale.attempt} was taken as staged")
+        except LedgerbatchError:
+            pass
+        staged.fill(self.engine, self.pipe, staged.Staged(batch.batch_id, attempt, staging_name(batch.batch_id, attempt)),
+                    good, bad)
 
     # -- checks
 

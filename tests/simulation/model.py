@@ -11,7 +11,8 @@ target's rules at the commit that last delivered it. The rules per mode, as the 
 - changes (target.deletes): a key's last change delivered (by offset; keys live in one partition) wins: a
   row, or no row after a tombstone. No backfill or replay brings back a key a later change deleted.
 - aggregate: a group per key, the count and sum of every delivered record.
-Poison records are quarantined in every mode.
+Poison records are quarantined in every mode; offsets of aborted Kafka transactions hold no record: no row,
+nothing quarantined, never lost.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class Model:
     start: dict[int, int] = field(default_factory=dict)  # the live start of each partition
     cursors: dict[int, int] = field(default_factory=dict)
     compacted: bool = False
+    skipped: set[Coord] = field(default_factory=set)  # offsets `offsets --to-...` skipped forward over
 
     def deliver(self, kind: str, ranges) -> None:
         """A committed batch of `kind` (live, backfill, replay) over `ranges`."""
@@ -60,7 +62,7 @@ class Model:
         for c in coords:
             self.quarantine.pop(c, None)
         for c in coords:
-            if self.world.record(*c) is None:
+            if self.world.record(*c) is None and self.world.held(*c):
                 self.quarantine[c] = None
         if self.mode == "append":
             self._append(coords)
@@ -121,6 +123,17 @@ class Model:
     def _row(self, c: Coord) -> tuple:
         rec = self.world.record(*c)
         return (c[0], c[1], rec.key, value(rec, self.mode))
+
+    def over_budget(self, ranges, max_ratio: float, policy: str = "quarantine", min_bad: int = 0) -> bool:
+        """Whether a batch over `ranges` fails for its bad records (poison, or rows the target refuses): any
+        under errors.policy fail, else more than errors.min_bad of them and more than errors.max_ratio of the
+        records it reads."""
+        read = [c for c in offsets(ranges) if self.world.held(*c)]
+        bad = sum(1 for c in read if self.world.record(*c) is None
+                  or self.world.record(*c).refused(self.rules, self.mode))
+        if bad and policy == "fail":
+            return True
+        return bool(read) and bad > min_bad and bad / len(read) > max_ratio
 
     def pending(self) -> dict[int, tuple[int, int]]:
         """The live ranges a new batch must plan: from each cursor to the log's end."""

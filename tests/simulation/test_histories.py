@@ -6,6 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from ledgerbatch.commit.transaction import commit_batch
+from ledgerbatch.errors import FencedError
+from ledgerbatch.model.ranges import OffsetRange
+from ledgerbatch.ops.abandon import abandon_batch
+from ledgerbatch.plan.replay import plan_reread
+from tests.integration import staged
+
 from .machine import Simulation
 
 
@@ -135,3 +142,43 @@ def test_live_batch_after_a_checkpoint_of_backfills_only(sim):
         produce(s, 1, "good", "good")
         step(s, s.live, "commit")
         s.teardown()
+
+
+def test_backfill_range_moved_past_the_start_is_named(sim):
+    """Found by the random search (`--modes versioned`, LEDGERBATCH_SIM_SEED=389035721; this is its core): a
+    backfill [0, 6) of partition 1, whose live span is still empty ([6, 6): start and cursor at 6, the log's end).
+    The tampering moves it to [1, 7): the ledger then claims offset 6 delivered, by a backfill, at the start
+    offset and past the log's end, though nothing delivered it (and says offset 0 was not, which it was; its
+    key's row is offset 5's, so no target row shows that). Neither `verify` nor `verify --deep` named it;
+    only a later live batch reading offset 6 would overlap it. verify now checks backfills against the start."""
+    s = sim("versioned", first=6)
+    step(s, s.live, "commit")  # nothing to read: the cursors start at 6, the live spans empty
+    step(s, s.redeliver_range, 1, 0, 6)  # a backfill: below the start, delivered by nothing
+    step(s, s.tamper, ("move_range", 0))
+    s.teardown()
+
+
+def test_a_standing_backfill_below_the_replay_horizon_is_read_again(sim):
+    """Found by the random search (`--modes aggregate`, in a 12-minute run; this is its core): compaction stops
+    at an open live batch, so a backfill committed after it stands, below the replay horizon the compaction set.
+    verify --deep planned its read as a replay and the horizon refused it (RangeRefused), on an honest ledger
+    as on one whose backfill range was moved; it now reads it as any standing batch and names the move."""
+    s = sim("aggregate", first=4)
+    step(s, s.live, "commit")
+    produce(s, 0, "good", "good")
+    step(s, s.live, "commit")
+    produce(s, 0, "good", "good")
+    step(s, s.live, "planned")  # open: compaction folds up to it
+    step(s, s.redeliver_range, 0, 1, 3)  # a backfill, after the open batch
+    step(s, s.compact_now, "now")  # the replay horizon of partition 0 is now 6
+    step(s, s.verify_deep, 1.0)
+    step(s, s.tamper, ("move_range", 0))
+    # a read verify --deep left behind (killed before it abandoned it) can never be committed there
+    read = plan_reread(s.engine, s.pipe.spec, [OffsetRange(s.pipe.topic, 0, 1, 3)])
+    staging = staged.begin(s.engine, s.pipe, read.batch_id)
+    staged.fill(s.engine, s.pipe, staging, *s._records(read.ranges))
+    with pytest.raises(FencedError, match="replay horizon is 6"):
+        commit_batch(s.engine, s.pipe.spec, read.batch_id, staging.attempt)
+    abandon_batch(s.engine, s.pipe.spec, read.batch_id, "the test", "verify --deep's read, left behind")
+    s.agrees()
+    s.teardown()

@@ -1,5 +1,8 @@
 """Rules users add to their own targets (machine.user_ddl), the way they do on big tables: a CHECK added
-NOT VALID (old rows are not judged), a trigger that refuses rows with an SQLSTATE of its own, an index."""
+NOT VALID (old rows are not judged), a trigger that refuses rows with an SQLSTATE of its own, an index, a
+deferred foreign key to a table of the user's (every row's customer is there: it refuses nothing, yet it is
+checked at the commit's COMMIT, and a partition attached must satisfy it), and a deferred foreign key from a
+column of the user's to the target's own key (upsert; the column stays NULL)."""
 from __future__ import annotations
 
 from sqlalchemy import text
@@ -17,6 +20,17 @@ DDL = {
         'EXECUTE FUNCTION public."{t}_refuse"()',
     ],
     "key_index": ['CREATE INDEX "{t}_key" ON public."{t}" (order_id)'],
+    "foreign_key": [
+        'CREATE TABLE public."{t}_customers" (id text PRIMARY KEY)',
+        """INSERT INTO public."{t}_customers" VALUES ('c')""",
+        'ALTER TABLE public."{t}" ADD CONSTRAINT "{t}_customer" FOREIGN KEY (customer) '
+        'REFERENCES public."{t}_customers" (id) DEFERRABLE INITIALLY DEFERRED',
+    ],
+    "self_reference": [
+        'ALTER TABLE public."{t}" ADD COLUMN parent_id text',
+        'ALTER TABLE public."{t}" ADD CONSTRAINT "{t}_parent" FOREIGN KEY (parent_id) '
+        'REFERENCES public."{t}" (order_id) DEFERRABLE INITIALLY DEFERRED',
+    ],
 }
 
 

@@ -15,14 +15,16 @@ from decimal import Decimal
 PARTITIONS = 2
 # What each mode's records may be: rows the target refuses (`negative` under a CHECK, `flagged` by a trigger,
 # `long` keys over the btree's row size) only where the mode writes such rows as they are.
+# `aborted`: an offset of an aborted Kafka transaction (or a marker): it holds no record the pipeline reads.
 KINDS = {
-    "append": ("good", "good", "poison", "negative", "flagged", "long"),
-    "upsert": ("good", "good", "poison", "negative", "flagged", "long", "tombstone"),
-    "versioned": ("good", "good", "poison"),
-    "changes": ("good", "good", "poison", "tombstone"),
-    "aggregate": ("good", "good", "poison"),
+    "append": ("good", "good", "poison", "negative", "flagged", "long", "aborted"),
+    "upsert": ("good", "good", "poison", "negative", "flagged", "long", "tombstone", "aborted"),
+    "versioned": ("good", "good", "poison", "aborted"),
+    "changes": ("good", "good", "poison", "tombstone", "aborted"),
+    "aggregate": ("good", "good", "poison", "aborted"),
 }
 FLAGGED = "13.00"  # the amount a user's trigger refuses
+EPOCH_MS = 1_795_000_000_000  # the first offset's Kafka timestamp; each offset a second later (offsets_for_times)
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,13 @@ class Rules:
     check: bool = False  # CHECK (amount > 0) NOT VALID
     trigger: bool = False  # a trigger raising SQLSTATE LB001 on the flagged amount
     key_index: bool = False  # a btree index on order_id (append)
+    foreign_key: bool = False  # a deferred FK from customer to a table of the user's (every row's customer is there)
+    self_reference: bool = False  # upsert: a deferred FK from a column of the user's to the target's own key
 
 
 def record(kind: str, partition: int, offset: int) -> Record | None:
-    """None: a poison record (the decoder fails)."""
-    if kind == "poison":
+    """None: a poison record (the decoder fails), or no record at all (aborted: World.held)."""
+    if kind in ("poison", "aborted"):
         return None
     key = f"p{partition}-k{offset % 5}"
     if kind == "long":  # random bytes: a repeated letter would compress below the btree's limit
@@ -82,3 +86,17 @@ class World:
 
     def kind(self, partition: int, offset: int) -> str:
         return self.logs[partition].kinds[offset]
+
+    def held(self, partition: int, offset: int) -> bool:
+        """Whether the offset holds a record the pipeline reads (not one of an aborted transaction)."""
+        return self.kind(partition, offset) != "aborted"
+
+    def size(self, partition: int, offset: int) -> int:
+        """The record value's size in bytes, as batch.max_bytes measures it (a pure function, as the record is)."""
+        rec = self.record(partition, offset)
+        return 40 if rec is None else 60 + len(rec.key)
+
+
+def timestamp_ms(offset: int) -> int:
+    """A record's Kafka timestamp: a pure function of its offset, rising with it in every partition."""
+    return EPOCH_MS + offset * 1000

@@ -1,6 +1,7 @@
 """The Airflow adapters without a database or a broker: hooks own the clients and settings, operators keep
 only their arguments until `execute`."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -91,8 +92,12 @@ def test_process_passes_its_batch_id_into_the_job_arguments_at_execute(connectio
     from ledgerbatch.airflow.operators import LedgerbatchBaseOperator, ProcessBatchOperator
 
     submitted, events = [], []
-    monkeypatch.setattr(SparkSubmitOperator, "execute",
-                        lambda self, context: submitted.append((self.application_args, self.env_vars)))
+
+    def submit(self, context):  # the secret settings' file exists while the job runs, then not
+        path = self.application_args[-1]
+        submitted.append((self.application_args, self.env_vars, json.loads(Path(path).read_text()),
+                          Path(path).stat().st_mode & 0o777))
+    monkeypatch.setattr(SparkSubmitOperator, "execute", submit)
     monkeypatch.setattr(LedgerbatchBaseOperator, "_phase_event",
                         lambda self, phase, batch_id, started, **counts: events.append((phase, batch_id)))
     op = ProcessBatchOperator(task_id="process", pipeline="{{ params.pipeline }}",
@@ -100,9 +105,11 @@ def test_process_passes_its_batch_id_into_the_job_arguments_at_execute(connectio
     op.render_template_fields({"params": {"pipeline": "orders", "batch": 42}})
     assert (op.pipeline, op.batch_id, op.name) == ("orders", "42", "ledgerbatch-orders")
     op.execute({})
-    ((args, env),) = submitted
-    assert args == ["--pipeline", "orders", "--batch-id", "42"]
-    assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1:9093" and json.loads(env["LEDGERBATCH_KAFKA_OPTIONS"]) == SECURITY
+    ((args, env, secrets, mode),) = submitted
+    assert args[:5] == ["--pipeline", "orders", "--batch-id", "42", "--settings-file"]
+    assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1:9093" and "LEDGERBATCH_KAFKA_OPTIONS" not in env
+    assert secrets["kafka_options"] == SECURITY and mode == 0o600
+    assert not Path(args[-1]).exists()
     assert events == [("process", 42)]
 
 

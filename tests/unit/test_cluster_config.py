@@ -29,6 +29,7 @@ def test_kafka_security_from_the_connection_reaches_planner_and_readers(tmp_path
     from ledgerbatch.airflow.operators import ProcessBatchOperator
     from ledgerbatch.config import Settings
     from ledgerbatch.source.kafka import consumer_config
+    from ledgerbatch.spark.settings_file import with_settings_file
 
     (tmp_path / "orders.yaml").write_text(
         "name: orders\nsource: {topics: [orders], schema: 'a STRING', kafka: {client.id: orders-etl}}\n"
@@ -38,17 +39,24 @@ def test_kafka_security_from_the_connection_reaches_planner_and_readers(tmp_path
     monkeypatch.setenv("AIRFLOW_CONN_LEDGERBATCH_DB", json.dumps(
         {"conn_type": "postgres", "host": "db", "login": "etl", "password": "pw", "schema": "ledger",
          "extra": {"sslmode": "require"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     settings = settings_from_connections("ledgerbatch_db", "ledgerbatch_kafka", str(tmp_path))
     op = ProcessBatchOperator(task_id="process", pipeline="orders", batch_id="42", pipelines_dir=str(tmp_path))
-    env = op.job_env(settings)
-    assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1:9093"
-    assert env["LEDGERBATCH_DB_URL"] == "postgresql+psycopg2://etl:pw@db/ledger?sslmode=require"
+    private = tmp_path / "private"
+    private.mkdir()
+    op.prepare_submit(settings, private)
+    env = op.env_vars
+    assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1:9093" and "LEDGERBATCH_DB_URL" not in env
+    settings_file = op.application_args[op.application_args.index("--settings-file") + 1]
 
-    # The spark-submit job reads the same environment as the CLI: the spec gets the security settings,
-    # and the planner's and the readers' consumers are built from the spec with consumer_config.
+    # The spark-submit job reads the same environment as the CLI, and its secret settings from the file:
+    # the spec gets the security settings, and the planner's and the readers' consumers are built from the
+    # spec with consumer_config.
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    spec = load_pipeline(Settings.from_env(), "orders")
+    job_settings = with_settings_file(Settings.from_env(), settings_file)
+    assert job_settings.db_url == "postgresql+psycopg2://etl:pw@db/ledger?sslmode=require"
+    spec = load_pipeline(job_settings, "orders")
     conf = consumer_config(env["KAFKA_BOOTSTRAP_SERVERS"], dict(spec.kafka_options))
     assert {k: conf[k] for k in SECURITY} == SECURITY
     assert conf["client.id"] == "orders-etl" and conf["isolation.level"] == "read_committed"

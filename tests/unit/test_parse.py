@@ -53,13 +53,13 @@ def test_naive_timestamps_are_utc():
     (b"42", "JSON int, not an object"),
     (b'{"i": 1.5}', "field i: expected an integer"),
     (b'{"i": true}', "field i: expected an integer"),
-    (b'{"i": 2147483648}', "field i: integer 2147483648 is out of range"),
-    (b'{"d": 10000}', "field d: 10000 does not fit DECIMAL(6,2)"),
+    (b'{"i": 2147483648}', "field i: integer out of range"),
+    (b'{"d": 10000}', "field d: an integer does not fit DECIMAL(6,2)"),
     (b'{"d": "1e99999"}', "does not fit DECIMAL(6,2)"),
     (b'{"d": "abc"}', "is not a decimal number"),
     (b'{"d": Infinity}', "Infinity is not a JSON number"),
     (b'{"d": NaN}', "^value is not valid JSON: NaN is not a JSON number$"),
-    (b'{"f": 1e400}', "field f: number 1E\\+400 is out of range"),
+    (b'{"f": 1e400}', "field f: number out of range"),
     (b'{"f": "1.5"}', "field f: expected a number"),
     (b'{"ok": 1}', "field ok: expected true or false"),
     (b'{"ts": "soon"}', "not an ISO-8601 timestamp"),
@@ -76,3 +76,13 @@ def test_naive_timestamps_are_utc():
 def test_bad_values_say_why(raw, reason):
     with pytest.raises(BadValue, match=reason if ".*" in reason else reason.replace("(", r"\(").replace(")", r"\)")):
         parse(raw)
+
+
+@pytest.mark.parametrize("raw", [b'{"i": "4111-1111-1111-1111"}', b'{"day": "SSN 078-05-1120"}',
+                                 b'{"d": "salary-of-the-CEO-1234567"}', b'{"ts": "4111111111111111"}',
+                                 b'{"d": 4111111111111111}', b'{"f": "4111111111111111"}'])
+def test_a_bad_values_reason_says_what_it_is_never_what_it_holds(raw):
+    """The reason goes to ledger.quarantine.error, which the inspector reads; the record itself does not."""
+    with pytest.raises(BadValue) as bad:
+        parse(raw)
+    assert not any(secret in str(bad.value) for secret in ("4111", "078-05", "salary")), str(bad.value)

@@ -1,3 +1,5 @@
+import math
+
 from ledgerbatch.commit.modes.partitions import MAX_MERGE, Partition, Publish, plan_publish, plan_rollup
 
 
@@ -73,3 +75,18 @@ def test_repeated_rollups_copy_old_data_a_logarithmic_number_of_times():
                            key=lambda p: p.lower)
     assert len(parts) <= 8
     assert copied / n < 10  # log2(512) = 9; always merging the smallest pair copies each row 30 times
+
+
+def test_a_day_of_attached_batches_copies_each_row_at_most_log2_times_and_no_merge_takes_most_of_the_table():
+    """A batch every 10 s, each attached (a partition of its own), under the default bound of 16."""
+    parts, copied, biggest, n = [Partition("b0", 0, None, 1)], 0, 0.0, 8_640
+    for b in range(1, n):
+        parts[-1] = Partition(parts[-1].name, parts[-1].lower, b, parts[-1].size)
+        parts.append(Partition(f"b{b}", b, None, 1))
+        while run := plan_rollup(parts, 16):
+            size = sum(p.size for p in run)
+            copied, biggest = copied + size, max(biggest, size / (b + 1))
+            i = parts.index(run[0])
+            parts[i:i + len(run)] = [Partition(run[0].name, run[0].lower, run[-1].upper, size)]
+    assert copied / n <= math.log2(n)  # 13.1; weighing sizes by their inequality copied each row 15.6 times
+    assert biggest < 0.25

@@ -132,6 +132,13 @@ def with_transform(transform):
     ("SELECT *, -- note\rreflect('java.lang.System', 'getenv', 'X') AS note FROM batch", "reflection"),
     ("SELECT *, r'\\' AS a, reflect('java.lang.System', 'getenv', 'X') AS note FROM batch", "reflection"),
     ("SELECT TRANSFORM(order_id) USING r'sh -c env' AS (note) FROM batch", "runs a shell command"),
+    # Spark substitutes ${...} before parsing: the environment, or an empty variable that splits a refused name
+    ("SELECT *, '${env:AIRFLOW_CONN_LEDGERBATCH_DB}' AS note FROM batch", "a variable Spark would replace"),
+    ("SELECT *, ref${hivevar:x}lect('java.lang.System', 'getenv', 'X') AS note FROM batch", "a variable"),
+    ("SELECT TRANSFORM(order_id) USING ${hivevar:x}'id' AS (note) FROM batch", "a variable"),
+    ("SELECT order_id, customer FROM batch -- ${system:user.home}", "a variable"),
+    # a hint is code Spark parses, not a comment
+    ("SELECT /*+ REPARTITION(java_method('java.lang.System', 'getenv', 'X')) */ *, 1 AS note FROM batch", "reflection"),
 ])
 def test_a_transform_may_read_only_its_batch(sql, why):
     with pytest.raises(SpecError, match=f"transform: .*{why}.*a transform may read only its batch"):
@@ -147,3 +154,20 @@ def test_transforms_that_only_name_such_words_in_text_or_comments_pass():
                 "SELECT a.*, transform(array(customer), x -> upper(x)) AS t FROM batch a JOIN batch b USING (_offset)"):
         assert parse_spec(with_transform(sql)).query
     assert parse_spec(with_transform({"customer": "concat(customer, ':/', 'reflect')"})).transform
+
+
+def test_a_spec_with_yaml_aliases_is_refused_before_it_expands(tmp_path):
+    """Nested aliases (a few hundred bytes) expanded to 178 MB of canonical text in 16 s: refused at once."""
+    import time
+
+    from ledgerbatch.spec.pipeline import parse_spec_file
+
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    path = tmp_path / "orders.yaml"
+    path.write_text("name: orders\nsource: {topics: [orders], schema: 'order_id STRING'}\n"
+                    "target: {table: public.orders}\ndescription:\n" + "".join(f"  {line}\n" for line in levels))
+    started = time.monotonic()
+    with pytest.raises(SpecError, match=r"orders.yaml: not valid YAML: an alias \(\*a0\) is not allowed in a spec"):
+        parse_spec_file(path)
+    assert time.monotonic() - started < 1

@@ -13,6 +13,7 @@ from airflow.sdk import DAG, Asset, AssetAlias, AssetWatcher, Param
 
 from ledgerbatch.airflow.hooks import LedgerHook
 from ledgerbatch.airflow.operators import (
+    ASSET_GROUP,
     CommitBatchOperator,
     MoveOffsetsOperator,
     PlanBatchOperator,
@@ -25,6 +26,7 @@ from ledgerbatch.airflow.operators import (
 from ledgerbatch.airflow.triggers import NewDataTrigger
 from ledgerbatch.config import REPO_ROOT
 from ledgerbatch.errors import SpecError
+from ledgerbatch.model.partition_list import PATTERN as PARTITIONS_PATTERN
 from ledgerbatch.spec.pipeline import PipelineSpec, parse_spec_file
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,13 @@ log = logging.getLogger(__name__)
 DEFAULT_SCHEDULE = "*/15 * * * *"  # a spec's `schedule:` overrides it
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 BATCH_ID = "{{ ti.xcom_pull(task_ids='plan') }}"
+# What model/times.before_time reads: an age (30d, 12h, 90m, 45s) or an ISO-8601 date or time; the form refuses
+# anything else at Trigger (before_time still judges the date itself).
+BEFORE_PATTERN = r"^\s*(\d+[smhd]|\d{4}-\d{2}-\d{2}([T ]\d{2}(:\d{2}){0,2}(\.\d+)?(Z|[+-]\d{2}(:?\d{2})?)?)?)\s*$"
+# Every run type but Airflow's own date backfill ("Backfill: run this Dag for a range of dates"): the ledger,
+# not data intervals, decides what a run delivers, so a run per date would repeat the same work; the trigger
+# dialog then offers it greyed out, and the API refuses it. The backfill of offsets is ledgerbatch_backfill.
+RUN_TYPES = ["scheduled", "manual", "asset_triggered", "operator_triggered", "asset_materialization"]
 REPLAYS = AssetAlias("ledgerbatch_replays")  # the backfill DAG's commits: an event on the replayed target's Asset
 DEFAULT_ARGS = {
     "owner": "ledgerbatch",
@@ -54,6 +63,13 @@ TASK_DOCS = {
     "verify": "`ledgerbatch verify`: committed ranges tile the log, counts reconcile, no duplicate coordinates, "
               "no orphan staging tables.",
 }
+
+
+def partitions_param() -> Param:
+    """Plain text read by airflow/forms.py, not a JSON list: the form's JSON editor auto-closed brackets into
+    invalid JSON and still sent the last valid value."""
+    return Param(None, type=["null", "string"], pattern=PARTITIONS_PATTERN, title="Partitions",
+                 description="Partition numbers and ranges, e.g. 0, 3 or 0-3; empty: all.")
 
 
 def pipelines_dir() -> Path:
@@ -97,7 +113,7 @@ def target_asset(spec: PipelineSpec, hook: LedgerHook | None = None) -> Asset | 
     connection cannot be read while parsing: the DAG then loads without its outlet."""
     hook = hook or LedgerHook()
     try:
-        return Asset(hook.get_asset_uri(spec.target_schema, spec.target_table))
+        return Asset(hook.get_asset_uri(spec.target_schema, spec.target_table), group=ASSET_GROUP)
     except Exception as exc:  # noqa: BLE001  (the DAG still works without its Asset)
         log.warning("ledgerbatch: pipeline %s: no outlet Asset for its target: connection %s cannot be read "
                     "while parsing: %s", spec.name, hook.ledger_conn_id, exc)
@@ -109,7 +125,7 @@ def new_data_asset(spec: PipelineSpec, directory: Path) -> Asset:
     watched by the pipeline's NewDataTrigger (Kafka end offsets against the ledger's cursors)."""
     name = f"ledgerbatch_{spec.name}_new_data"
     trigger = NewDataTrigger(pipeline=spec.name, pipelines_dir=str(directory))
-    return Asset(name=name, uri=f"x-ledgerbatch://pipelines/{spec.name}/new-data", group="ledgerbatch",
+    return Asset(name=name, uri=f"x-ledgerbatch://pipelines/{spec.name}/new-data", group=ASSET_GROUP,
                  watchers=[AssetWatcher(name=name, trigger=trigger)])
 
 
@@ -131,6 +147,9 @@ def pipeline_dag(spec: PipelineSpec, directory: Path, hook: LedgerHook | None = 
         max_active_runs=1,
         default_args=DEFAULT_ARGS,
         tags=["ledgerbatch", f"pipeline:{spec.name}"],
+        description=f"Delivers {', '.join(spec.topics)} into {spec.target_schema}.{spec.target_table} exactly once, "
+                    f"one batch per run.",
+        allowed_run_types=RUN_TYPES,
         auto_register=False,  # only build_dags' DAGs are exposed: one that fails below must not slip into the DagBag
         doc_md=f"Exactly-once delivery of {', '.join(spec.topics)} into "
                f"`{spec.target_schema}.{spec.target_table}` ({spec.mode}), at most {spec.max_records} "
@@ -167,6 +186,8 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
         catchup=False,
         default_args={**DEFAULT_ARGS, "retries": 1},
         tags=["ledgerbatch", "backfill"],
+        description="Replay or backfill a range of a pipeline's topic by offsets or time; dry run by default.",
+        allowed_run_types=RUN_TYPES,
         auto_register=False,
         doc_md=doc_md,
         params={
@@ -174,12 +195,13 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
             # Every optional field is nullable with default None: the form opens valid with them empty.
             "topic": Param(None, type=["null", "string"], title="Topic",
                            description="Empty: the pipeline's only topic."),
-            "partitions": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 0},
-                                title="Partitions", description="A JSON list such as [0, 3]; empty: all."),
-            "from_offset": Param(None, type=["null", "integer"], minimum=0, title="From offset",
-                                 description="First offset (inclusive)."),
-            "until_offset": Param(None, type=["null", "integer"], minimum=1, title="Until offset",
-                                  description="End offset (exclusive)."),
+            "partitions": partitions_param(),
+            # exclusiveMinimum, not minimum: the form clamps a number below `minimum` silently (-5 became 0);
+            # this one it refuses at Trigger.
+            "from_offset": Param(None, type=["null", "integer"], exclusiveMinimum=-1, title="From offset",
+                                 description="First offset (inclusive): 0 or more; with Until offset."),
+            "until_offset": Param(None, type=["null", "integer"], exclusiveMinimum=0, title="Until offset",
+                                  description="End offset (exclusive): above From offset."),
             "from_time": Param(None, type=["null", "string"], format="date-time", title="From time",
                                description="Or a time window instead of offsets: its start, resolved to offsets "
                                            "by the broker (where it supports timestamp look-ups)."),
@@ -221,6 +243,8 @@ def offsets_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
         catchup=False,
         default_args={**DEFAULT_ARGS, "retries": 0},
         tags=["ledgerbatch", "offsets"],
+        description="Move a pipeline's cursors to a time, an offset, the log start or its end; dry run by default.",
+        allowed_run_types=RUN_TYPES,
         auto_register=False,
         doc_md="Move a pipeline's cursors to a time, an offset, the log start or its end, as `ledgerbatch offsets "
                "--set` does. Forward skips offsets, recorded as skipped ranges that `verify` accounts for; back is "
@@ -229,17 +253,19 @@ def offsets_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
                "(the default) only logs the moves.",
         params={
             "pipeline": Param(names[0], enum=names, title="Pipeline"),
-            "to": Param("time", enum=["time", "offset", "earliest", "latest"], title="Move to",
-                        description="A time (the first offset at or after it), an offset, the log start or its end."),
+            # The default runs as it is (with the default dry run, it only shows where the end is).
+            "to": Param("latest", enum=["latest", "earliest", "time", "offset"], title="Move to",
+                        description="The log's end, its start, a time (the first offset at or after it: fill in "
+                                    "Time) or an offset (fill in Offset)."),
             "to_time": Param(None, type=["null", "string"], format="date-time", title="Time",
                              description="With Move to = time."),
-            "to_offset": Param(None, type=["null", "integer"], minimum=0, title="Offset",
+            "to_offset": Param(None, type=["null", "integer"], exclusiveMinimum=-1, title="Offset",
                                description="With Move to = offset."),
             "topic": Param(None, type=["null", "string"], title="Topic", description="Empty: every topic."),
-            "partitions": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 0},
-                                title="Partitions", description="A JSON list such as [0, 3]; empty: all."),
-            "by": Param("", type="string", minLength=1, title="By", description="Who moves the offsets."),
-            "reason": Param("", type="string", minLength=1, title="Reason", description="Why (ticket, incident)."),
+            "partitions": partitions_param(),
+            "by": Param("", type="string", minLength=1, pattern=r"\S", title="By", description="Who moves the offsets."),
+            "reason": Param("", type="string", minLength=1, pattern=r"\S", title="Reason",
+                            description="Why (ticket, incident)."),
             "dry_run": Param(True, type="boolean", title="Dry run", description="Log the moves; change nothing."),
         },
     ) as dag:
@@ -259,23 +285,33 @@ def history_dag(specs: list[PipelineSpec], directory: Path) -> DAG:
         catchup=False,
         default_args={**DEFAULT_ARGS, "retries": 1},
         tags=["ledgerbatch", "history"],
+        description="Daily: compact each pipeline's ledger history and purge old quarantine, as its spec asks.",
+        allowed_run_types=RUN_TYPES,
         auto_register=False,
         doc_md="Keep history bounded. For every pipeline, as its spec asks: fold batches older than "
                "`history.compact_after` into the ledger's checkpoints (`ledgerbatch compact`), drop quarantined "
                "records older than `errors.quarantine_retention` (`ledgerbatch quarantine purge`), and merge an "
                "append target's partitions down to `target.partitions.max`. Triggered by hand, `compact_before` "
                "and `purge_before` (ISO-8601 or an age such as 30d) compact or purge every pipeline before that "
-               "time. No run depends on an earlier one.",
+               "time. No run depends on an earlier one. `dry_run` only counts what `purge_before` would drop.",
         params={
-            "compact_before": Param(None, type=["null", "string"], title="Compact before",
-                                    description="ISO-8601 or an age such as 30d; empty: as the specs ask."),
-            "purge_before": Param(None, type=["null", "string"], title="Purge quarantine before",
+            "compact_before": Param(None, type=["null", "string"], pattern=BEFORE_PATTERN, title="Compact before",
+                                    description="ISO-8601 (2026-01-31 or 2026-01-31T12:00:00) or an age such as "
+                                                "30d, 12h, 90m; empty: as the specs ask."),
+            "purge_before": Param(None, type=["null", "string"], pattern=BEFORE_PATTERN,
+                                  title="Purge quarantine before",
                                   description="ISO-8601 or an age such as 90d; empty: as the specs ask."),
+            # Off by default: the daily runs take the defaults, and they must do their work.
+            "dry_run": Param(False, type="boolean", title="Dry run",
+                             description="Only count the quarantined records Purge quarantine before would drop; "
+                                         "nothing is compacted or purged, and the specs' own upkeep waits for "
+                                         "the next run."),
         },
     ) as dag:
         for spec in specs:
             UpkeepOperator(task_id=f"upkeep_{spec.name}", pipeline=spec.name, pipelines_dir=str(directory),
                            compact_before="{{ params.compact_before }}", purge_before="{{ params.purge_before }}",
+                           dry_run="{{ params.dry_run }}",
                            doc_md=f"Upkeep of pipeline {spec.name}.")
     return dag
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -27,9 +28,13 @@ from ledgerbatch.airflow.hooks import (
     settings_from_hooks,
     spark_connect_url,
 )
-from ledgerbatch.config import Settings, shipped
+from ledgerbatch.airflow.outcomes import commit_line, dry_run_line, moves_line, upkeep_line
+from ledgerbatch.airflow.user_errors import refused
+from ledgerbatch.config import STAGING_DB_URL, Settings, shipped
+from ledgerbatch.model.range_text import compact_ranges
 from ledgerbatch.ops.events import phase_event
 from ledgerbatch.ops.metrics import record_lag
+from ledgerbatch.spark.settings_file import kubernetes_secret_refs, write_settings_file
 from ledgerbatch.spec.resolve import load_pipeline
 
 if TYPE_CHECKING:
@@ -127,7 +132,8 @@ class PlanBatchOperator(LedgerbatchBaseOperator, ShortCircuitOperator):
             self.log.info("%s is caught up: no batch to run", self.pipeline)
             return None
         phase_event("plan", batch, time.monotonic() - started, in_airflow=True)
-        self.log.info("batch %d (%s): %d offsets in %d ranges", batch.batch_id, batch.status, batch.span, len(batch.ranges))
+        self.log.info("batch %d (%s): %d offsets in %s", batch.batch_id, batch.status, batch.span,
+                      compact_ranges(batch.ranges))
         return batch.batch_id
 
 
@@ -145,21 +151,23 @@ class PlanReplayOperator(LedgerbatchBaseOperator):
         self.request = request
 
     def execute(self, context) -> int:
-        from ledgerbatch.plan.replay import plan_replay, request_from_params, resolve_ranges
+        from ledgerbatch.airflow.forms import replay_request
+        from ledgerbatch.plan.replay import plan_replay, resolve_ranges
 
         engine, spec = self._engine_and_spec()
         params = json.loads(self.request) if isinstance(self.request, str) else self.request
         started = time.monotonic()
-        ranges = resolve_ranges(spec, self.kafka_hook.get_bootstrap_servers(), request_from_params(spec, params))
-        batch = plan_replay(engine, spec, ranges)
+        with refused(self.dag_id):
+            ranges = resolve_ranges(spec, self.kafka_hook.get_bootstrap_servers(), replay_request(spec, params))
+            batch = plan_replay(engine, spec, ranges)
         phase_event("plan", batch, time.monotonic() - started, in_airflow=True)
-        self.log.info("%s batch %d: %s", batch.kind, batch.batch_id, ", ".join(map(str, batch.ranges)))
+        self.log.info("%s batch %d: %s", batch.kind, batch.batch_id, compact_ranges(batch.ranges))
         return batch.batch_id
 
 
 class MoveOffsetsOperator(LedgerbatchBaseOperator):
     """Move a pipeline's cursors from the offsets DAG's params, as `ledgerbatch offsets --set` does (ops/offsets.py);
-    returns the moves as text.
+    returns the moves as one line (airflow/outcomes.py).
 
     :param request: The offsets DAG's params (to: time, offset, earliest or latest; to_time or to_offset; topic,
         partitions, by, reason, dry_run), as a dict or its JSON (templated).
@@ -171,21 +179,19 @@ class MoveOffsetsOperator(LedgerbatchBaseOperator):
         super().__init__(**kwargs)
         self.request = request
 
-    def execute(self, context) -> list[str]:
-        from ledgerbatch.ops.offsets import Target, set_offsets
+    def execute(self, context) -> str:
+        from ledgerbatch.airflow.forms import move_request
+        from ledgerbatch.ops.offsets import set_offsets
 
         engine, spec = self._engine_and_spec()
         params = json.loads(self.request) if isinstance(self.request, str) else self.request
-        to = params.get("to")
-        target = Target(time=params.get("to_time") if to == "time" else None,
-                        offset=params.get("to_offset") if to == "offset" else None,
-                        earliest=to == "earliest", latest=to == "latest")
-        moves = set_offsets(engine, spec, self.kafka_hook.get_bootstrap_servers(), target, params.get("by") or "",
-                            params.get("reason") or "", params.get("topic") or None, params.get("partitions") or None,
-                            bool(params.get("dry_run")))
-        self.log.info("%s: %s (%s):\n%s", spec.name, "dry run, nothing moved" if params.get("dry_run") else "moved",
-                      target, "\n".join(f"  {m}" for m in moves))
-        return [str(m) for m in moves]
+        with refused(self.dag_id):
+            ask = move_request(params)
+            moves = set_offsets(engine, spec, self.kafka_hook.get_bootstrap_servers(), ask.target, ask.by,
+                                ask.reason, ask.topic, ask.partitions, ask.dry_run)
+        line = moves_line(spec.name, ask.dry_run, ask.target, moves)
+        self.log.info("%s", line)
+        return line
 
 
 class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
@@ -200,6 +206,16 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
         `--batch-id` argument at execute time.
     :param spark_connect_conn_id: The `spark_connect` connection of a Spark Connect server, defaults to
         "spark_connect_default"; absent (and LEDGERBATCH_SPARK_REMOTE unset), spark-submit.
+    :param kubernetes_secret: With a `k8s://` master in cluster deploy mode: the Kubernetes secret (keys
+        db-url, kafka-options, schema-registry, and staging-db-url where the worker has
+        LEDGERBATCH_STAGING_DB_URL; docs/cluster.md) the driver reads its secret settings from,
+        defaults to the worker's LEDGERBATCH_KUBERNETES_SECRET (what the factory's DAGs use).
+
+    The database URLs (the ledger's and the stager's) and the Kafka and registry settings never go on
+    spark-submit's command line or into the job's environment (on YARN and Kubernetes the provider makes
+    `--conf` arguments of it): the job
+    reads them from a file only this user can read (spark/settings_file.py), removed when the job ends,
+    or on a Kubernetes cluster from `kubernetes_secret`.
 
     The other arguments go to SparkSubmitOperator (`conn_id` defaults to "spark_default"); `application`,
     `name` and `application_args` are set here.
@@ -208,23 +224,21 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
     template_fields = (*SparkSubmitOperator.template_fields, *LedgerbatchBaseOperator.template_fields, "batch_id")
 
     def __init__(self, *, pipeline: str, batch_id: str, spark_connect_conn_id: str = SPARK_CONNECT_CONN_ID,
-                 **kwargs: Any):
+                 kubernetes_secret: str | None = None, **kwargs: Any):
         kwargs.setdefault("conn_id", "spark_default")
         super().__init__(pipeline=pipeline, application=str(SPARK_JOB), name=f"ledgerbatch-{pipeline}", **kwargs)
         self.batch_id = batch_id
         self.spark_connect_conn_id = spark_connect_conn_id
+        self.kubernetes_secret = kubernetes_secret
+        self._shipped: str | None = None  # the settings file prepare_submit last added to `files`
 
     def job_env(self, settings: Settings) -> dict[str, str]:
-        """The spark-submit job's environment: the same settings the CLI reads, from the connections
-        (Kafka security settings travel in LEDGERBATCH_KAFKA_OPTIONS, the registry's in
-        LEDGERBATCH_SCHEMA_REGISTRY, to the driver and its readers)."""
+        """The spark-submit job's environment: the settings the CLI reads that carry no secret (those go
+        by prepare_submit's file)."""
         bindir = str(Path(sys.executable).parent)
         return {
             **(self.env_vars or {}),
-            "LEDGERBATCH_DB_URL": settings.db_url,
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "LEDGERBATCH_KAFKA_OPTIONS": json.dumps(settings.kafka_options),
-            "LEDGERBATCH_SCHEMA_REGISTRY": json.dumps(settings.schema_registry),
             "LEDGERBATCH_PIPELINES_DIR": self.pipelines_dir,
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
             # pip's spark-submit finds SPARK_HOME through the python first on PATH
@@ -237,10 +251,41 @@ class ProcessBatchOperator(LedgerbatchBaseOperator, SparkSubmitOperator):
         if remote:
             self._process_on_connect(remote)
         else:
-            self.env_vars = self.job_env(self.settings)
-            self.application_args = ["--pipeline", self.pipeline, "--batch-id", str(self.batch_id)]
-            super().execute(context)
+            with tempfile.TemporaryDirectory(prefix="ledgerbatch-job-") as private:  # mode 0700, removed after
+                self.prepare_submit(self.settings, Path(private))
+                super().execute(context)
         self._phase_event("process", int(self.batch_id), started)
+
+    def prepare_submit(self, settings: Settings, private: Path) -> None:
+        """The job's environment, arguments, files and properties: its secret settings in a file in
+        `private` (the driver runs beside spark-submit, or on a YARN cluster, which gets it by --files), or
+        on a Kubernetes cluster from the secret `kubernetes_secret`; never argv."""
+        # The provider resolves master and deploy mode (operator argument over connection) in its hook.
+        connection = self._get_hook()._connection
+        self._hook = None  # SparkSubmitOperator.execute builds it anew, with this try's file (not a retry's last)
+        self.env_vars = self.job_env(settings)
+        if connection["master"].startswith("local"):  # its UI and driver ports on loopback (spark/session.py)
+            self.env_vars["SPARK_LOCAL_IP"] = os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+        self.application_args = ["--pipeline", self.pipeline, "--batch-id", str(self.batch_id)]
+        # The worker's stager login (config.staging_db_url) goes with the other secrets: a cluster driver does
+        # not inherit the worker's environment, and would stage with the ledger's login.
+        staging = os.environ.get(STAGING_DB_URL)
+        if connection["deploy_mode"] == "cluster" and "k8s" in connection["master"]:
+            secret = self.kubernetes_secret or os.environ.get("LEDGERBATCH_KUBERNETES_SECRET")
+            if not secret:
+                raise AirflowFailException(
+                    f"{connection['master']} in cluster deploy mode: the driver runs in a pod and gets the database "
+                    f"URL and the Kafka and registry settings from a Kubernetes secret, never from spark-submit's "
+                    f"command line; create one (keys db-url, kafka-options, schema-registry, and staging-db-url with "
+                    f"{STAGING_DB_URL} set here; docs/cluster.md) and "
+                    f"name it in ProcessBatchOperator(kubernetes_secret=...) or LEDGERBATCH_KUBERNETES_SECRET")
+            self.conf = {**(self.conf or {}), **kubernetes_secret_refs(secret, staging=bool(staging))}
+            return
+        path = write_settings_file(private, settings, staging)
+        self.application_args += ["--settings-file", str(path)]
+        if connection["deploy_mode"] == "cluster":  # this try's file only: a reused operator's last one is gone
+            files = [f for f in (self.files or "").split(",") if f and f != self._shipped]
+            self.files, self._shipped = ",".join([*files, str(path)]), str(path)
 
     def _process_on_connect(self, remote: str) -> None:
         """What spark_jobs/process_batch.py does, in this task, on a session of the Spark Connect server."""
@@ -356,17 +401,20 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
                                    rows_written)
         return OperatorLineage(inputs=inputs, outputs=outputs, run_facets={BATCH_FACET: batch_facet(batch)})
 
-    def execute(self, context) -> dict:
+    def execute(self, context) -> str:
         from ledgerbatch.commit.diff import dry_run_diff
         from ledgerbatch.commit.modes.rollup import bound_partitions
         from ledgerbatch.commit.transaction import commit_batch
+        from ledgerbatch.ledger.batches import get_batch
 
         engine, spec = self._engine_and_spec()
         if str(self.dry_run).lower() in ("true", "1"):
-            diff = dry_run_diff(engine, spec, int(self.batch_id))
-            self.log.info("dry run of batch %s, target unchanged: %s", self.batch_id, diff)
+            diff = dry_run_diff(engine, spec, int(self.batch_id))  # which logs the diff
             self.outlets = []  # nothing was published: no asset event
-            return {"dry_run": True, **diff.__dict__}
+            with engine.connect() as conn:
+                line = dry_run_line(get_batch(conn, int(self.batch_id)), diff)
+            self.log.info("%s", line)
+            return line
         started = time.monotonic()
         result = commit_batch(engine, spec, int(self.batch_id))
         bound_partitions(engine, spec)  # as `run` does after each commit (commit/modes/rollup.py)
@@ -375,15 +423,15 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         self._phase_event("commit", int(self.batch_id), started, rows_written=result.rows_written,
                           rows_quarantined=result.rows_quarantined, committed_now=not result.already_committed,
                           rows_rejected=result.rows_rejected)
-        self.log.info("batch %s %s: %d rows written, %d quarantined", self.batch_id,
-                      "was already committed" if result.already_committed else "committed",
-                      result.rows_written, result.rows_quarantined)
+        with engine.connect() as conn:
+            line = commit_line(get_batch(conn, int(self.batch_id)), f"{spec.target_schema}.{spec.target_table}",
+                               result)
+        self.log.info("%s", line)
         if result.already_committed:
             self.outlets = []  # its event was recorded by the try that committed it
         else:
             self._publish(context, spec)
-        return {"dry_run": False, "already_committed": result.already_committed,
-                "rows_written": result.rows_written, "rows_quarantined": result.rows_quarantined}
+        return line
 
     def _publish(self, context, spec: PipelineSpec) -> None:
         """The committed batch as the extra of this task's asset events."""
@@ -392,14 +440,20 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         from ledgerbatch.ledger.batches import get_batch
 
         with self.ledger_hook.get_engine().connect() as conn:
-            extra = asset_extra(spec, get_batch(conn, int(self.batch_id)))
+            batch = get_batch(conn, int(self.batch_id))
+        extra = asset_extra(spec, batch)
         for outlet in self.outlets:
             if isinstance(outlet, Asset):
                 context["outlet_events"][outlet].extra = extra
             elif isinstance(outlet, AssetAlias):
-                target = Asset(self.ledger_hook.get_asset_uri(spec.target_schema, spec.target_table))
+                target = Asset(self.ledger_hook.get_asset_uri(spec.target_schema, spec.target_table),
+                               group=ASSET_GROUP)
                 context["outlet_events"][outlet].add(target, extra=extra)
-        self.log.info("asset event extra: %s", json.dumps(extra))
+        self.log.info("asset event extra: %s, ranges: %s",  # the ranges in one short line, not a long JSON list
+                      json.dumps({k: v for k, v in extra.items() if k != "ranges"}), compact_ranges(batch.ranges))
+
+
+ASSET_GROUP = "ledgerbatch"  # the targets' Assets and the new-data ones, side by side in the Assets view
 
 
 def asset_extra(spec: PipelineSpec, batch) -> dict:
@@ -422,30 +476,42 @@ def asset_extra(spec: PipelineSpec, batch) -> dict:
 class UpkeepOperator(LedgerbatchBaseOperator):
     """Keep a pipeline's history bounded (ops/history.py): what its spec asks for (history.compact_after,
     errors.quarantine_retention, the partition bound), and with `compact_before` / `purge_before` (ISO-8601
-    or an age such as 30d; templated, empty: none) a compaction or purge asked for by hand. Returns counts."""
+    or an age such as 30d; templated, empty: none) a compaction or purge asked for by hand; with `dry_run`
+    (templated) only the count `purge_before` would drop, nothing changed. Returns its counts as one line."""
 
-    template_fields = (*LedgerbatchBaseOperator.template_fields, "compact_before", "purge_before")
+    template_fields = (*LedgerbatchBaseOperator.template_fields, "compact_before", "purge_before", "dry_run")
 
-    def __init__(self, *, compact_before: str | None = None, purge_before: str | None = None, **kwargs: Any):
+    def __init__(self, *, compact_before: str | None = None, purge_before: str | None = None,
+                 dry_run: bool | str = False, **kwargs: Any):
         super().__init__(**kwargs)
-        self.compact_before, self.purge_before = compact_before, purge_before
+        self.compact_before, self.purge_before, self.dry_run = compact_before, purge_before, dry_run
 
-    def execute(self, context) -> dict:
-        from ledgerbatch.model.times import before_time
+    def execute(self, context) -> str:
+        from ledgerbatch.airflow.forms import history_request
         from ledgerbatch.ops.history import compact, purge_quarantine, upkeep
+        from ledgerbatch.ops.purge_preview import purge_count
 
         engine, spec = self._engine_and_spec()
+        with refused(self.dag_id):
+            compact_before, purge_before, dry_run = history_request(self.compact_before, self.purge_before,
+                                                                    self.dry_run)
+        if dry_run:
+            line = (f"dry run of {spec.name}'s purge: {purge_count(engine, spec, purge_before)} quarantined "
+                    f"records before {purge_before.isoformat(timespec='seconds')} would be purged; nothing changed")
+            self.log.info("%s", line)
+            return line
         counts = {"batches_compacted": 0, "quarantine_purged": 0}
-        if self.compact_before and self.compact_before != "None":
-            counts["batches_compacted"] += compact(engine, spec, before_time(self.compact_before)).batches
-        if self.purge_before and self.purge_before != "None":
-            counts["quarantine_purged"] += purge_quarantine(engine, spec, before_time(self.purge_before))
+        if compact_before:
+            counts["batches_compacted"] += compact(engine, spec, compact_before).batches
+        if purge_before:
+            counts["quarantine_purged"] += purge_quarantine(engine, spec, purge_before)
         done = upkeep(engine, spec)
         counts["batches_compacted"] += done.compacted.batches if done.compacted else 0
         counts["quarantine_purged"] += done.purged or 0
         counts["partition_rollups"] = len(done.rollups)
-        self.log.info("%s: %s", spec.name, ", ".join(f"{k} {v}" for k, v in counts.items()))
-        return counts
+        line = upkeep_line(spec.name, counts)
+        self.log.info("%s", line)
+        return line
 
 
 class VerifyOperator(LedgerbatchBaseOperator):

@@ -56,8 +56,9 @@ class Refusal:
     unit: int  # the row's number in the units table
     sqlstate: str
     constraint: str | None
-    message: str
+    message: str  # the server's reason, without its DETAIL: what logs and the ledger's readers see
     column: str | None = None  # the column a NOT NULL refusal names
+    detail: str | None = None  # the row's values ("Failing row contains (...)"): kept apart, in the quarantine only
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,5 @@ def _reason(exc: DBAPIError) -> Refusal:
     orig = exc.orig
     diag = getattr(orig, "diag", None)
     message = (getattr(diag, "message_primary", None) or str(orig).splitlines()[0]).strip()
-    detail = getattr(diag, "message_detail", None)
-    return Refusal(0, orig.pgcode, getattr(diag, "constraint_name", None),
-                   f"{message} ({detail})" if detail else message, getattr(diag, "column_name", None))
+    return Refusal(0, orig.pgcode, getattr(diag, "constraint_name", None), message, getattr(diag, "column_name", None),
+                   getattr(diag, "message_detail", None))

@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.commit.modes.catalog import mode_for
@@ -31,6 +32,7 @@ from ledgerbatch.model.reconcile import (
 )
 from ledgerbatch.model.shape import BatchShape
 from ledgerbatch.spec.pipeline import PipelineSpec, check_version
+from ledgerbatch.sqlfiles import query
 from ledgerbatch.stage.tables import StagingTables, drop_finished_staging
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,8 @@ class CommitResult:
     seconds: float
     rows_rejected: int = 0
     records_superseded: int = 0
+    waited: float = 0.0  # of `seconds`, waiting for the target's commit lock, the batch and (replays, backfills)
+    # the pipeline's lock: other commits, the upkeep's steps
 
 
 def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None = None) -> CommitResult:
@@ -62,16 +66,21 @@ def commit_batch(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int
 def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | None) -> CommitResult:
     started = time.monotonic()
     with engine.begin() as conn:
+        # 0. Under a statement_timeout, waiting for a lock ends as 55P03 before it (an outage: a user's lock, waited
+        #    out) and a 57014 means a statement too slow for it (ops/outages.py); either rolls back the whole.
+        conn.execute(text(query("lock_timeout_below_statement_timeout")))
         # 1. Take the target, then the batch: commits into one target (live, replay, backfill, any batch of
         #    the pipeline) run one after the other; every other committer of this batch waits here.
+        locking = time.monotonic()
         lock_target(conn, spec)
         batch = get_batch(conn, batch_id, for_update=True)
+        waited = time.monotonic() - locking
         if batch.pipeline != spec.name:
             raise LedgerbatchError(f"batch {batch_id} belongs to pipeline {batch.pipeline}, not {spec.name}")
         if batch.status == BatchStatus.COMMITTED:
             log.info("batch %d is already committed: nothing to do", batch_id)
             return CommitResult(batch_id, True, batch.rows_written, batch.rows_quarantined, time.monotonic() - started,
-                                batch.rows_rejected, batch.records_superseded)
+                                batch.rows_rejected, batch.records_superseded, waited)
         if batch.status != BatchStatus.STAGED:
             raise LedgerbatchError(f"batch {batch_id} is {batch.status}, not staged: process it first")
         if attempt is not None and batch.attempt != attempt:
@@ -87,7 +96,9 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
                 if not advance_cursor(conn, spec.name, batch_id, r):
                     raise FencedError(f"batch {batch_id}: cursor of {r.topic}[{r.partition}] is no longer at {r.from_offset}: fenced")
         else:
+            locking = time.monotonic()
             lock_pipeline(conn, spec.name)
+            waited += time.monotonic() - locking
             for r in batch.ranges:
                 try:
                     kind = range_kind(conn, spec.name, r)
@@ -153,7 +164,8 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
     seconds = time.monotonic() - started
     aside = "".join(f", {n} {why}" for n, why in ((recorded.rows_rejected, "refused by the target"),
                                                   (recorded.records_superseded, "superseded by newer versions")) if n)
-    log.info("%s batch %d committed: %d rows written, %d quarantined%s (commit %.2fs)",
-             batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, aside, seconds)
+    log.info("%s batch %d committed: %d rows written, %d quarantined%s (commit %.2fs, %.2fs of it waiting for the "
+             "target's lock)", batch.kind, batch_id, recorded.rows_written, recorded.rows_quarantined, aside, seconds,
+             waited)
     return CommitResult(batch_id, False, recorded.rows_written, recorded.rows_quarantined, seconds,
-                        recorded.rows_rejected, recorded.records_superseded)
+                        recorded.rows_rejected, recorded.records_superseded, waited)

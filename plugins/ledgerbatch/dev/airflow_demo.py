@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -23,12 +24,15 @@ from ledgerbatch.processes import stop_group
 from ledgerbatch.spark.server import LocalConnectServer
 from ledgerbatch.spec.pipeline import load_spec
 
-USER, PASSWORD = "admin", "ledgerbatch"
+# The UI's login: a password of this run's own (each `ledgerbatch demo` is a process), printed when Airflow is up.
+USER, PASSWORD = "admin", secrets.token_urlsafe(12)
 NEW_ORDERS = 100  # produced once the pipelines are caught up: the event-driven orders DAG runs by itself
 
 
 def airflow_env(setup: DemoSetup, home: Path, metadata_url: str, port: int) -> dict[str, str]:
     u = make_url(setup.db_url)
+    # The UI and REST API on loopback (Airflow's default: every interface) unless the environment says so.
+    api_host = os.environ.get("AIRFLOW__API__HOST") or "127.0.0.1"
     return {
         **os.environ,
         "AIRFLOW_HOME": str(home),
@@ -40,8 +44,10 @@ def airflow_env(setup: DemoSetup, home: Path, metadata_url: str, port: int) -> d
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_url,
         "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__HOST": api_host,
         # Task runners reach the API server here; the default assumes port 8080.
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL":
+            f"http://{'127.0.0.1' if api_host in ('0.0.0.0', '::') else api_host}:{port}/execution/",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
         "LEDGERBATCH_PIPELINES_DIR": str(REPO_ROOT / "pipelines"),
         "AIRFLOW_CONN_LEDGERBATCH_DB": json.dumps({"conn_type": "postgres", "host": u.host, "port": u.port,
@@ -111,8 +117,11 @@ class AirflowStandalone:
         self.setup = setup
         self.home = REPO_ROOT / ".tmp" / "airflow"
         shutil.rmtree(self.home, ignore_errors=True)
-        self.home.mkdir(parents=True)
-        (self.home / "passwords.json").write_text(json.dumps({USER: PASSWORD}))
+        # The UI's admin password is for this run's user only: a 0700 home, a 0600 file, whatever the umask.
+        self.home.mkdir(parents=True, mode=0o700)
+        self.home.chmod(0o700)
+        with os.fdopen(os.open(self.home / "passwords.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(json.dumps({USER: PASSWORD}))
         self.log_path = self.home / "standalone.log"
         self.event_driven = {p for p in PIPELINES if load_spec(settings.pipelines_dir, p).event_driven}
         self.reported: set[str] = set()
@@ -210,11 +219,12 @@ def run_with_airflow(settings: Settings, records: int, partitions: int, port: in
             print(f"ledgerbatch_orders: its watcher started run {run['run_id']}; produced to committed in "
                   f"{seconds:.1f}s\n", flush=True)
         report(setup)
-        print(f"\nAirflow UI: http://localhost:{port}  (user {USER}, password {PASSWORD})")
+        print(f"\nAirflow UI: http://127.0.0.1:{port}  (user {USER}, password {PASSWORD}, this run's own)")
         print("DAGs: ledgerbatch_orders (event-driven: runs when new orders arrive), ledgerbatch_payments (every 15 "
-              "minutes) and ledgerbatch_backfill (trigger it with a form to replay or backfill a range). Batches run "
-              "on the Spark Connect server. Kafka, the dev registry, Spark and Airflow stay up until Ctrl-C.",
-              flush=True)
+              "minutes), ledgerbatch_backfill (a form: replay or backfill a range), ledgerbatch_offsets (a form: move "
+              "a pipeline's cursors) and ledgerbatch_history (daily upkeep; a form: compact or purge by hand). The "
+              "backfill and offsets forms start as a dry run. Batches run on the Spark Connect server. Kafka, the dev "
+              "registry, Spark and Airflow stay up until Ctrl-C.", flush=True)
         airflow.proc.wait()
     finally:
         if airflow is not None:

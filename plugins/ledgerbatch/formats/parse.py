@@ -81,7 +81,7 @@ def typed_values(obj, columns: tuple[Column, ...], converters: list[Callable]) -
         except BadValue as exc:
             raise BadValue(f"field {col.name}{''.join(exc.path)}: {exc}") from None
         except (ValueError, OverflowError, ArithmeticError) as exc:  # out of range for the type
-            raise BadValue(f"field {col.name}: {show(v)} does not convert to {col.spark_ddl} ({exc})") from None
+            raise BadValue(f"field {col.name}: {show(v)} does not convert to {col.spark_ddl} ({type(exc).__name__})") from None
         except RecursionError:  # a value a decoder built deeper than any converter's own limit
             raise BadValue(f"field {col.name}: nested too deeply") from None
     return tuple(out)

@@ -3,7 +3,8 @@
 Compaction folds a pipeline's batches that finished before a time into one checkpoint per partition
 (`ledger.checkpoints`: the live offsets `[from, until)` they delivered, the records they read, and exactly
 the offsets their backfills delivered, `backfilled`) and one row of summed counts (`ledger.compactions`),
-then deletes them with their ranges. Every question "was offset o delivered" (ledger_cursors.sql:
+then deletes them with their ranges, in bounded steps (next_step: ops/history.py runs each in its own
+brief transaction). Every question "was offset o delivered" (ledger_cursors.sql:
 delivered_overlap) has the same answer afterwards, so a gap below the start that no batch delivered stays
 backfillable. `verify` reads both, so it still proves tiling and counts. Quarantine retention deletes old
 bad records and keeps their count."""
@@ -40,6 +41,16 @@ def foldable(conn: Connection, pipeline: str, before: datetime) -> Fold:
     folded = run(conn, "folded_through", {"pipeline": pipeline}).scalar_one()
     through = run(conn, "foldable_through", {"pipeline": pipeline, "folded": folded, "before": before}).scalar_one()
     return Fold(folded, through)
+
+
+def next_step(conn: Connection, pipeline: str, through: int, batches: int) -> Fold:
+    """One bounded step of a fold up to `through`: from what is folded now to at most `batches` batches
+    further. A prefix of what may fold is itself foldable (as with an earlier cut-off), so each step leaves
+    the ledger exact."""
+    folded = run(conn, "folded_through", {"pipeline": pipeline}).scalar_one()
+    step = run(conn, "fold_step_through", {"pipeline": pipeline, "folded": folded, "through": through,
+                                           "batches": batches}).scalar_one()
+    return Fold(folded, step)
 
 
 def fold(conn: Connection, pipeline: str, f: Fold, deletes_folded: int, horizon: bool) -> int:

@@ -22,8 +22,9 @@ def quarantined_count(conn: Connection, pipeline: str) -> int:
 
 def quarantine_refused(conn: Connection, units_table: str, batch_id: int, pipeline: str, refused) -> None:
     """Rows the target refused (commit/rejects.py: `refused` numbers them in `units_table`), with the
-    server's SQLSTATE, constraint and message."""
+    server's SQLSTATE, constraint and message, and its detail (the row's values) apart."""
     run(conn, "quarantine_rejects", {"batch_id": batch_id, "pipeline": pipeline, "units": [r.unit for r in refused],
                                      "sqlstates": [r.sqlstate for r in refused],
                                      "constraints": [r.constraint for r in refused],
-                                     "messages": [r.message for r in refused]}, units=units_table)
+                                     "messages": [r.message for r in refused],
+                                     "details": [r.detail for r in refused]}, units=units_table)

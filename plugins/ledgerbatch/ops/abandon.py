@@ -58,7 +58,7 @@ def abandon_stranded(engine: Engine, spec: PipelineSpec, before: datetime, idle_
         rows = run(conn, "abandon_stranded", {"pipeline": spec.name, "before": before, "idle_s": float(idle_s),
                                               "reason": reason}).all()
     stranded = [Stranded(r.batch_id, BatchKind(r.kind), BatchStatus(r.was), r.attempt, r.last_worked_on)
-                for r in rows]
+                for r in sorted(rows, key=lambda r: r.batch_id)]  # in batch order: UPDATE ... RETURNING has none
     for b in stranded:
         log.warning("%s: abandoned %s batch %d, %s at attempt %d and last worked on at %s (before the compaction's "
                     "cut-off %s) with nobody holding it: nobody will finish it, and compaction folds past it now",

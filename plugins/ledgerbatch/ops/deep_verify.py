@@ -34,7 +34,7 @@ from ledgerbatch.ledger.sql import run
 from ledgerbatch.model.deep_reads import held, layers, merged, read_of
 from ledgerbatch.model.ranges import OffsetRange, range_arrays
 from ledgerbatch.model.shape import BatchShape
-from ledgerbatch.plan.replay import plan_replay
+from ledgerbatch.plan.replay import plan_reread
 from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import Fragment, query
@@ -68,7 +68,7 @@ def deep_verify(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serve
     for layer in layers(entries):
         while layer:
             ranges, batches = read_of(layer)
-            batch = plan_replay(engine, spec, ranges)
+            batch = plan_reread(engine, spec, ranges)
             span = sum(r.span for r in ranges)
             log.info("%s: verify --deep reads %d offsets in %d ranges again (batch %d, never committed)", spec.name,
                      span, len(ranges), batch.batch_id)

@@ -4,13 +4,15 @@ which `run` does when it starts and then every minute and the `ledgerbatch_histo
 partition bound is also kept after every commit: commit/modes/rollup.py, bound_partitions.)
 
 Compaction and the rollup take the target's commit lock (commit/target.py: lock_target): commits into the
-target wait for them, readers of the target and the ledger do not.
+target wait for them, readers of the target and the ledger do not. Compaction folds in bounded steps
+(STEP_BATCHES batches per transaction, the lock released between them), so a commit waits for one step.
 
 Nothing of history stops a pipeline: each upkeep that fails, for whatever reason, gives way (logged once with
 its reason, counted in `ledgerbatch_upkeep_failures_total`: ops/upkeep_failures.py), and the pipeline goes on
-committing; it is tried again at the next turn. Compaction folds up to the first unfinished batch: before it
-compacts, the upkeep abandons the replays and backfills nobody will finish (ops/abandon.py: abandon_stranded),
-and a compaction held back by an unfinished batch names it."""
+committing; it is tried again at the next turn, and the ledger keeps its last failure for `status`
+(ops/upkeep_failures.py: record). Compaction folds up to the first unfinished batch: before it compacts, the
+upkeep abandons the replays and backfills nobody will finish (ops/abandon.py: abandon_stranded), and a
+compaction held back by an unfinished batch names it (and `status` shows it)."""
 from __future__ import annotations
 
 import logging
@@ -27,11 +29,14 @@ from ledgerbatch.ledger import compaction
 from ledgerbatch.ledger.sql import run
 from ledgerbatch.ops.abandon import Stranded, abandon_stranded
 from ledgerbatch.ops.hooks import RunHook
-from ledgerbatch.ops.upkeep_failures import failing, giving_way
+from ledgerbatch.ops.upkeep_failures import failing, giving_way, record
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.tables import drop_finished_staging
 
 log = logging.getLogger(__name__)
+
+
+STEP_BATCHES = 200  # batches folded per step: what a commit may wait for (docs/benchmarks.md has its time)
 
 
 @dataclass(frozen=True)
@@ -42,27 +47,43 @@ class Compacted:
     horizon: bool  # replays of the folded offsets are refused from now on
     seconds: float
     stopped_at: int | None = None  # an unfinished batch older than the cut-off that holds the fold back
+    steps: int = 0  # transactions it folded in, each under the commit lock
+    longest_step_s: float = 0.0  # the longest of them, from holding the locks to its COMMIT: what a commit may wait for
 
 
-def compact(engine: Engine, spec: PipelineSpec, before: datetime) -> Compacted:
+def compact(engine: Engine, spec: PipelineSpec, before: datetime, step_batches: int = STEP_BATCHES) -> Compacted:
     """Fold the pipeline's batches that finished before `before` (up to the first one that did not) into
-    the checkpoints, in one transaction."""
+    the checkpoints, at most `step_batches` batches per transaction. Each step takes the commit lock and
+    releases it when it commits, so a commit waits for one step, never for the whole fold; each leaves the
+    ledger exact, so a compaction stopped between steps (a crash, a lost connection) leaves a correct ledger
+    and the next one goes on from there."""
     started = time.monotonic()
     drop_finished_staging(engine, spec.name)  # a folded batch's staging table would have no batch to name
-    with engine.begin() as conn:
-        lock_target(conn, spec)
-        compaction.lock_compaction(conn, spec.name)
+    with engine.begin() as conn:  # what may fold: the batches up to it stay finished, so it is read once
         fold = compaction.foldable(conn, spec.name, before)
         stopped_at = _held_back_by(conn, spec, fold.through, before)
-        if fold.empty:
-            return Compacted(0, fold.folded, 0, False, time.monotonic() - started, stopped_at)
-        deletes, horizon = mode_for(spec).fold_history(conn, spec, fold.through)
-        batches = compaction.fold(conn, spec.name, fold, deletes, horizon)
+    batches, deletes, horizon, steps, longest = 0, 0, False, 0, 0.0
+    while True:
+        with engine.begin() as conn:
+            lock_target(conn, spec)
+            compaction.lock_compaction(conn, spec.name)
+            step_started = time.monotonic()  # from here commits wait for it
+            step = compaction.next_step(conn, spec.name, fold.through, step_batches)
+            if step.empty:
+                break
+            forgotten, horizon = mode_for(spec).fold_history(conn, spec, step.through)
+            batches += compaction.fold(conn, spec.name, step, forgotten, horizon)
+            deletes += forgotten
+        steps, longest = steps + 1, max(longest, time.monotonic() - step_started)
+    if not steps:
+        return Compacted(0, fold.folded, 0, False, time.monotonic() - started, stopped_at)
     compaction.vacuum(engine)
-    done = Compacted(batches, fold.through, deletes, horizon, time.monotonic() - started, stopped_at)
-    log.info("%s: compacted %d batches (through batch %d, finished before %s)%s%s in %.2fs", spec.name, batches,
-             fold.through, before.isoformat(timespec="seconds"), f", forgot {deletes} deletes" if deletes else "",
-             "; replays of the compacted offsets are refused from now on" if horizon else "", done.seconds)
+    done = Compacted(batches, fold.through, deletes, horizon, time.monotonic() - started, stopped_at, steps, longest)
+    log.info("%s: compacted %d batches (through batch %d, finished before %s)%s%s in %.2fs, %d steps of at most "
+             "%d batches (the longest %.3fs)", spec.name, batches, fold.through, before.isoformat(timespec="seconds"),
+             f", forgot {deletes} deletes" if deletes else "",
+             "; replays of the compacted offsets are refused from now on" if horizon else "", done.seconds, steps,
+             step_batches, longest)
     return done
 
 
@@ -126,6 +147,7 @@ def upkeep(engine: Engine, spec: PipelineSpec, now: datetime | None = None) -> U
         failed += ["purge"] * outcome.failed
     rollups = tuple(bound_partitions(engine, spec))  # gives way by itself (commit/modes/rollup.py)
     failed += ["rollup"] * ("rollup" in failing(spec.name))
+    record(engine, spec.name)  # for `status` in any process
     return Upkeep(compacted, purged, rollups, tuple(abandoned), tuple(failed))
 
 
@@ -143,3 +165,4 @@ class Upkeeper(RunHook):
 
     def committed(self, batch, result) -> None:
         bound_partitions(self.engine, self.spec)
+        record(self.engine, self.spec.name)

@@ -12,6 +12,7 @@ import logging
 
 from sqlalchemy.engine import Engine
 
+from ledgerbatch.commit.modes.rollup import bound_partitions
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import LedgerbatchError, require
 from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_abandoned, open_live_batch_id
@@ -60,5 +61,6 @@ def _commit_staged(engine: Engine, spec: PipelineSpec) -> None:
         staged = open_id is not None and get_batch(conn, open_id).status == BatchStatus.STAGED
     if staged:
         result = commit_batch(engine, spec, open_id)
+        bound_partitions(engine, spec)  # as every commit: a batch attached as a partition may put it over its bound
         log.warning("committed staged batch %d before acknowledging the loss (%d rows, %d quarantined): it needs "
                     "nothing from Kafka", open_id, result.rows_written, result.rows_quarantined)

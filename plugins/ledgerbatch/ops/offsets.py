@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from ledgerbatch.errors import LedgerbatchError, require
+from ledgerbatch.errors import BatchOpen, DeliveredAgain, LedgerbatchError, require
 from ledgerbatch.ledger.batches import get_batch, lock_pipeline, open_live_batch_id
 from ledgerbatch.ledger.cursors import get_cursors, init_cursors
 from ledgerbatch.ledger.sql import run
@@ -58,9 +58,7 @@ def set_offsets(engine: Engine, spec: PipelineSpec, bootstrap_servers: str, targ
         lock_pipeline(conn, spec.name)  # no plan in between: the moves and the next batch see one ledger
         open_id = open_live_batch_id(conn, spec.name)
         if open_id is not None:
-            raise LedgerbatchError(f"{spec.name}: batch {open_id} is open ({get_batch(conn, open_id).status}) and its "
-                                   f"ranges start at the cursors: let it finish (`ledgerbatch run {spec.name}`) or "
-                                   f"abandon it (`ledgerbatch abandon {spec.name} {open_id} --by NAME`) first")
+            raise BatchOpen(spec.name, open_id, get_batch(conn, open_id).status)
         moves = plan_moves(get_cursors(conn, spec.name, spec.topics), ends, targets)
         for m in moves:
             if m.kind == "back":
@@ -92,11 +90,7 @@ def _check_back(conn, spec: PipelineSpec, m: Move) -> None:
     where = {"pipeline": spec.name, "topic": m.topic, "partition": m.partition}
     delivered = run(conn, "delivered_between", {**where, "from_offset": m.to, "until_offset": m.cursor}).scalar_one()
     if delivered:
-        raise LedgerbatchError(
-            f"{m.topic}[{m.partition}]: back from {m.cursor} to {m.to} would deliver {delivered} offsets of "
-            f"[{m.to}, {m.cursor}) again, which batches delivered (or were lost): re-deliver them with `ledgerbatch "
-            f"replay {spec.name} --topic {m.topic} --partitions {m.partition} --from-offset {m.to} --until-offset "
-            f"{m.cursor}`, which replaces what they left as the target mode demands")
+        raise DeliveredAgain(spec.name, m.topic, m.partition, m.to, m.cursor, delivered)
 
 
 def _apply(conn, spec: PipelineSpec, m: Move, by: str, reason: str, request: str) -> None:

@@ -17,15 +17,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from ledgerbatch import faults
 from ledgerbatch.commit.modes.rollup import bound_partitions
 from ledgerbatch.commit.diff import Diff, dry_run_diff
+from ledgerbatch.commit.row_errors import sqlstate_of
 from ledgerbatch.commit.transaction import CommitResult, commit_batch
 from ledgerbatch.errors import LedgerbatchError
 from ledgerbatch.faults import crash_point
+from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.model.batch import Batch, BatchStatus
 from ledgerbatch.ops.events import phase_event
 from ledgerbatch.ops.history import Upkeeper
@@ -33,12 +36,14 @@ from ledgerbatch.ops.hooks import Hooks
 from ledgerbatch.ops.lag_sampler import LagSampler
 from ledgerbatch.ops.lineage import Emitter
 from ledgerbatch.ops.metrics import metrics
-from ledgerbatch.ops.outages import Backoff, OutageRider, connection_lost, stopped, waitable
+from ledgerbatch.ops.outages import Backoff, OutageRider, connection_lost, decide, lock_wait, row_wait, stopped
 from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.ops.warm_start import WarmStart
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
+from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.sqlfiles import query
 from ledgerbatch.stage.process import process_batch
 from ledgerbatch.stage.tables import drop_finished_staging
 
@@ -70,25 +75,32 @@ class RunSummary:
 
 class Session:
     """The run's Spark session: made on first use (by the warm-up or the first batch to stage), made anew
-    after Spark's outage (a restarted Spark Connect server)."""
+    after Spark's outage (a restarted Spark Connect server). One may serve several runs in threads
+    (ops/service.py)."""
 
     def __init__(self, factory: Callable):
-        self.factory, self.spark = factory, None
+        self.factory, self.spark, self._lock = factory, None, threading.Lock()
 
     def __call__(self):
-        if self.spark is None:
-            self.spark = self.factory()
-        return self.spark
+        with self._lock:
+            if self.spark is None:
+                self.spark = self.factory()
+            return self.spark
 
-    def drop(self) -> None:
-        self.spark = None
+    def drop(self, failed=None) -> None:
+        """Forget the session `failed` on (by default the current one): made anew by the next use, once
+        however many runs sharing it failed on it."""
+        with self._lock:
+            if failed is None or self.spark is failed:
+                self.spark = None
 
 
 def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str,
-                 spark_factory: Callable, max_batches: int | None = None, follow_idle_s: float | None = None,
+                 spark_factory: Callable | Session, max_batches: int | None = None, follow_idle_s: float | None = None,
                  stop: threading.Event | None = None, backoff: Backoff = Backoff(),
                  upkeep_every_s: float = UPKEEP_EVERY_S) -> RunSummary:
-    summary, started, session, idle = RunSummary(), time.monotonic(), Session(spark_factory), False
+    session = spark_factory if isinstance(spark_factory, Session) else Session(spark_factory)
+    summary, started, idle = RunSummary(), time.monotonic(), False
     stop = stop or threading.Event()
     following = follow_idle_s is not None
     # In this order: lineage's COMPLETE comes before the partition bound is kept, upkeep before the lag look.
@@ -100,6 +112,7 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
     drop_finished_staging(engine, spec.name)
     hooks.started(session)
     while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
+        used = session.spark  # the one a Spark outage below is about (another run may have renewed it since)
         try:
             hooks.between_batches()
             batch = plan(engine, spec, bootstrap_servers)
@@ -120,15 +133,21 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
                 result = commit(engine, spec, batch, following)
             hooks.committed(batch, result)
         except Exception as exc:
-            dependency = waitable(exc) if rider is not None else None
-            if dependency is None:  # not an outage (ops/outages.py: decide): stop with the reason
-                stop_with = stopped(exc, spec.name) if rider is not None else None
+            if rider is None:
+                raise
+            holders = _lock_holders(engine, spec, exc) if sqlstate_of(exc) in ("57014", "55P03") else []
+            decision = lock_wait(decide(exc), holders)
+            if not decision.waitable:  # not an outage (ops/outages.py: decide): stop with the reason
+                stop_with = stopped(exc, spec.name, decision)
                 if stop_with is not None:
                     raise stop_with from exc
                 raise
-            if dependency == "Spark":
-                session.drop()
-            rider.wait(dependency, exc)
+            if decision.dependency == "Spark":
+                session.drop(used)
+            if holders and decision.waitable:
+                log.warning("%s: a lock wait was cut short (SQLSTATE %s), the lock held by %s: waiting for it",
+                            spec.name, sqlstate_of(exc), "; ".join(holders))
+            rider.wait(decision, exc, lambda: _answering(engine, spec, bootstrap_servers))
             continue
         if rider is not None:
             rider.ok()
@@ -136,6 +155,32 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
     hooks.finished()
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _lock_holders(engine: Engine, spec: PipelineSpec, exc: BaseException | None = None) -> list[str]:
+    """The other sessions whose locks block a writer of the target (or a partition of it), and those that may
+    hold the row lock the error's context names, just after a lock_timeout or a statement_timeout: who a
+    commit cut short was waiting for, if anyone (ops/outages.py: lock_wait)."""
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(query("target_lock_holders")),
+                                {"target": f"{quote_ident(spec.target_schema)}.{quote_ident(spec.target_table)}",
+                                 "row_table": row_wait(str(getattr(exc, "orig", exc))) if exc else None})
+            return [f"pid {r.pid} ({r.usename}, {r.mode}, {r.state}, in a transaction since {r.xact_start:%H:%M:%S}: "
+                    f"{r.query})" for r in rows]
+    except DBAPIError:  # the database went away meanwhile: the timeout is judged on its own
+        return []
+
+
+def _answering(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> bool:
+    """Whether the database and Kafka answer now (an error that repeats while they do is not their outage)."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        kafka.watermarks(bootstrap_servers, spec.topics, dict(spec.kafka_options))
+    except Exception:  # noqa: BLE001  (any failure to answer: still waited out)
+        return False
+    return True
 
 
 def plan(engine: Engine, spec: PipelineSpec, bootstrap_servers: str) -> Batch | None:

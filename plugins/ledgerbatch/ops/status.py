@@ -1,5 +1,7 @@
 """`ledgerbatch status`: per pipeline and partition the cursor, end offset, lag, log start, retention
-headroom and last batch; the pipeline's last error and recent batches. As a table or as JSON."""
+headroom and last batch; the pipeline's last error, its upkeeps failing now (whichever process ran them:
+ledger.upkeep_failures), where compaction stops and what the upkeep abandoned, and recent batches. As a table
+or as JSON."""
 from __future__ import annotations
 
 from sqlalchemy.engine import Engine
@@ -7,6 +9,7 @@ from sqlalchemy.engine import Engine
 from ledgerbatch.errors import ConfigError
 from ledgerbatch.ledger.inspection import history, last_batch_error, partition_status, recent_batches
 from ledgerbatch.ledger.pauses import current_pause
+from ledgerbatch.ledger.sql import run
 from ledgerbatch.source import kafka
 
 NEAR_LOG_START = 0.1  # warn when the undelivered offsets sit in the oldest 10% of the retained log
@@ -30,6 +33,8 @@ def pipeline_status(engine: Engine, pipeline: str, topics: tuple[str, ...], boot
         last_error = last_batch_error(conn, pipeline)
         pause = current_pause(conn, pipeline)
         folded = history(conn, pipeline)
+        upkeep = run(conn, "status_upkeep_failures", {"pipeline": pipeline}).all()
+        compaction = run(conn, "status_compaction_stops", {"pipeline": pipeline}).all()
     partitions = []
     for r in rows:
         wm = live.get((r.topic, r.partition))
@@ -46,6 +51,9 @@ def pipeline_status(engine: Engine, pipeline: str, topics: tuple[str, ...], boot
         "partitions": partitions,
         "last_error": dict(last_error._mapping) if last_error else None,
         "history": _history(folded) if folded else None,
+        "upkeep_failures": [_upkeep_failure(u) for u in upkeep],
+        "compaction_stops_at": next((_batch_named(b) for b in compaction if b.what == "stops at"), None),
+        "abandoned_by_upkeep": [_batch_named(b) for b in compaction if b.what == "abandoned"],
         "recent_batches": [dict(b._mapping) for b in batches],
     }
 
@@ -55,6 +63,17 @@ def _history(row) -> dict:
             "compacted_at": row.compacted_at.isoformat() if row.batches else None,
             "deletes_forgotten": row.deletes_folded, "quarantine_purged": row.quarantine_purged,
             "purged_at": row.purged_at.isoformat() if row.purged_at else None, "replay_horizons": row.horizons}
+
+
+def _upkeep_failure(row) -> dict:
+    return {"upkeep": row.upkeep, "reason": row.reason, "sqlstate": row.sqlstate or None,
+            "failures_in_a_row": row.failures, "first_failed_at": row.first_failed_at.isoformat(),
+            "failed_at": row.failed_at.isoformat(), "age_s": row.age_s}
+
+
+def _batch_named(row) -> dict:
+    return {"batch_id": row.batch_id, "kind": row.kind, "status": row.status, "attempt": row.attempt,
+            "age_s": row.age_s, "error": row.error}
 
 
 def _partition(r, log_start: int | None, end: int | None) -> dict:
@@ -113,6 +132,18 @@ def render(status: dict) -> str:
                      + (f", {h['deletes_forgotten']} deletes forgotten" if h["deletes_forgotten"] else "")
                      + f", {h['quarantine_purged']} quarantined records purged"
                      + (f"; replays start at or after {h['replay_horizons']}" if h["replay_horizons"] else ""))
+    for u in status["upkeep_failures"]:
+        lines.append(f"  UPKEEP FAILING: {u['upkeep']} gave way {u['failures_in_a_row']} time"
+                     f"{'s' if u['failures_in_a_row'] > 1 else ''} in a row, the last {_age(u['age_s'])} ago "
+                     f"({u['failed_at'][:19].replace('T', ' ')}): {u['reason']} (commits go on; tried again later)")
+    if (b := status["compaction_stops_at"]) and b["kind"] != "live":  # a live batch: `run` resumes it
+        lines.append(f"  compaction stops at {b['kind']} batch #{b['batch_id']} ({b['status']} at attempt "
+                     f"{b['attempt']}, {_age(b['age_s'])} ago): nothing after it folds until it is committed or "
+                     f"abandoned (the upkeep abandons it once older than history.compact_after and nobody holds it)")
+    for b in status["abandoned_by_upkeep"]:
+        lines.append(f"  abandoned by the upkeep: {b['kind']} batch #{b['batch_id']} "
+                     f"(last worked on {_age(b['age_s'])} ago): "
+                     f"compaction folds past it")
     lines.append("  recent batches:")
     for b in status["recent_batches"]:
         phases = "".join(f", {label} {b[key]:.1f}s" for label, key in

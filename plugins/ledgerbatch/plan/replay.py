@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from ledgerbatch.errors import ConfigError, LedgerbatchError
 from ledgerbatch.ledger.batches import delivering_batches, get_batch, insert_batch, lock_pipeline
 from ledgerbatch.ledger.cursors import range_kind
-from ledgerbatch.model.batch import Batch
+from ledgerbatch.model.batch import Batch, BatchKind
 from ledgerbatch.model.ranges import OffsetRange, widen
 from ledgerbatch.model.times import epoch_ms
 from ledgerbatch.source import kafka
@@ -99,6 +99,20 @@ def plan_replay(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -
         batch = get_batch(conn, batch_id)
     log.info("planned %s batch %d: %s", kind, batch_id, ", ".join(map(str, ranges)))
     return batch
+
+
+def plan_reread(engine: Engine, spec: PipelineSpec, ranges: list[OffsetRange]) -> Batch:
+    """Record a batch that reads committed `ranges` again for `verify --deep`, which compares and abandons it.
+    Not classified: the replay horizon refuses replays of offsets before it, yet their batches may still stand
+    (a backfill after an open batch that compaction stopped at) and are read again as any. The commit
+    classifies its ranges again (commit/transaction.py): one left behind by a killed `verify --deep` is refused
+    there below the horizon, and above it is an ordinary replay of delivered offsets; nothing commits it
+    unless asked to by its id, and where history.compact_after is set the upkeep abandons it
+    (ops/abandon.py: abandon_stranded)."""
+    with engine.begin() as conn:
+        lock_pipeline(conn, spec.name)
+        batch_id = insert_batch(conn, spec.name, BatchKind.REPLAY, ranges)
+        return get_batch(conn, batch_id)
 
 
 def _whole_batches(conn, spec: PipelineSpec, ranges: list[OffsetRange]) -> list[OffsetRange]:

@@ -23,7 +23,7 @@ import uuid
 
 from ledgerbatch.errors import ConfigError
 from ledgerbatch.spark.package import PACKAGE_DIR, package_zip
-from ledgerbatch.spark.sql_settings import NO_FILE_RELATIONS
+from ledgerbatch.spark.sql_settings import NO_FILE_RELATIONS, NO_VARIABLE_SUBSTITUTION
 
 log = logging.getLogger(__name__)
 CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"  # set by PySpark in a process that made a Connect session
@@ -91,11 +91,13 @@ def _create(remote: str):
 
 
 def _prepare(spark, app_name: str):
-    """Ship the package, set the time zone and turn file relations off, once per session: a kept session remembers that it holds
-    them (session conf `ledgerbatch.prepared`), so attaching costs one round trip."""
+    """Ship the package, set the time zone and turn file relations and variable substitution off, once per
+    session: a kept session remembers that it holds them (session conf `ledgerbatch.prepared`), so attaching
+    costs one round trip."""
     if spark.conf.get(_PREPARED, None) != package_digest():
         spark.conf.set("spark.sql.session.timeZone", "UTC")
         spark.conf.set(*NO_FILE_RELATIONS)
+        spark.conf.set(*NO_VARIABLE_SUBSTITUTION)
         try:
             spark.addArtifacts(shipped_zip(), pyfile=True)
         except Exception as exc:  # an attempt that died before marking the session added it: same digest, same zip

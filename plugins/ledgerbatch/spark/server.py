@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from ledgerbatch.processes import free_port, stop_group, wait_for_port
-from ledgerbatch.spark.session import venv_first_on_path
+from ledgerbatch.spark.session import SECRET_VARIABLES, venv_first_on_path
+from ledgerbatch.spark.sql_settings import LOCAL_DRIVER, NO_FILE_RELATIONS, NO_KILL_LINKS, NO_VARIABLE_SUBSTITUTION
 
 CONNECT_PORT = 15002  # Spark Connect's default port
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"  # in the pip wheel's jars/
@@ -21,9 +22,12 @@ SESSION_IDLE_TIMEOUT = "2h"
 def connect_server_command(port: int = CONNECT_PORT, host: str = "127.0.0.1", master: str = "local[*]",
                            log_level: str = "WARN") -> list[str]:
     """spark-submit of SparkConnectServer, listening on host:port. A local master's parallelism is set, so
-    that clients read it instead of asking Spark with a query (stage/driver.py: default_parallelism)."""
+    that clients read it instead of asking Spark with a query (stage/driver.py: default_parallelism), and
+    its driver's RPC and block manager stay on loopback (with connect_server_env's SPARK_LOCAL_IP, its UI
+    too) whatever `host` the gRPC port is on. The UI never kills a job."""
     bindir = Path(sys.executable).parent
     cores = _local_cores(master)
+    local = cores is not None and _local_ip() == "127.0.0.1"
     return [
         str(bindir / "spark-submit"), "--class", CONNECT_SERVER_CLASS, "--name", "ledgerbatch Spark Connect",
         "--master", master,
@@ -34,8 +38,17 @@ def connect_server_command(port: int = CONNECT_PORT, host: str = "127.0.0.1", ma
         "--conf", "spark.python.worker.reuse=true",
         "--conf", "spark.ui.showConsoleProgress=false",
         "--conf", f"spark.log.level={log_level}",
+        "--conf", "=".join(NO_KILL_LINKS),
+        "--conf", "=".join(NO_FILE_RELATIONS),  # every session's default too, as _prepare sets them (connect.py)
+        "--conf", "=".join(NO_VARIABLE_SUBSTITUTION),
         *(["--conf", f"spark.default.parallelism={cores}"] if cores else []),
+        *[arg for key, value in (LOCAL_DRIVER if local else ()) for arg in ("--conf", f"{key}={value}")],
     ]
+
+
+def _local_ip() -> str:
+    """The address a local master's driver and UI bind to: SPARK_LOCAL_IP where the environment sets it."""
+    return os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
 
 
 def _local_cores(master: str) -> int | None:
@@ -46,10 +59,15 @@ def _local_cores(master: str) -> int | None:
     return (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1) or 1)
 
 
-def connect_server_env() -> dict[str, str]:
-    """The server's environment: the venv first on PATH (SPARK_HOME of the wheel), its Python for the workers."""
+def connect_server_env(master: str = "local[*]") -> dict[str, str]:
+    """The server's environment: the venv first on PATH (SPARK_HOME of the wheel), its Python for the workers;
+    a local master's SPARK_LOCAL_IP (Spark's UI binds there, else on every interface); none of the secret
+    variables (clients send what a batch needs)."""
     venv_first_on_path()
-    return {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}
+    if _local_cores(master) is not None:
+        env["SPARK_LOCAL_IP"] = _local_ip()
+    return {**env, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
 
 
 class LocalConnectServer:
@@ -60,7 +78,7 @@ class LocalConnectServer:
                  timeout: float = 180):
         self.port = port or free_port(host)
         self.url = f"sc://{host}:{self.port}"
-        self.proc = subprocess.Popen(connect_server_command(self.port, host, master), env=connect_server_env(),
+        self.proc = subprocess.Popen(connect_server_command(self.port, host, master), env=connect_server_env(master),
                                      stdout=output, stderr=subprocess.STDOUT if output else None,
                                      start_new_session=True)
         try:

@@ -5,7 +5,7 @@ import datetime as dt
 import hashlib
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -17,7 +17,9 @@ from ledgerbatch.formats.schema import METADATA, Column, parse_schema
 from ledgerbatch.identifiers import check_ident, qualified
 from ledgerbatch.model.times import SECONDS_PER, epoch_ms
 from ledgerbatch.source.client_settings import check_spec_settings
+from ledgerbatch.spec.secrets import redacted
 from ledgerbatch.spec.sql_rights import check_sql
+from ledgerbatch.spec.yaml_text import load_yaml
 
 ON_NEW_DATA = "on_new_data"
 _TOP_KEYS = {"name", "source", "target", "batch", "errors", "transform", "schedule", "description", "history"}
@@ -73,17 +75,22 @@ class PipelineSpec:
     compact_after_s: float | None = None  # history.compact_after: `run` compacts batches this old
     quarantine_retention_s: float | None = None  # errors.quarantine_retention: bad records kept this long
     text: str = ""  # the spec's canonical text (its YAML document as sorted JSON): what `version` hashes
+    # the version the same spec file had before #51 redacted secrets from its text (None: it has none); a batch
+    # planned then still runs under it (check_version). Not part of the canonical text.
+    version_before_redaction: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def canonical(self) -> str:
-        """The text `version` hashes: the spec's canonical text (its fields, for a spec built in code)."""
-        return self.text or repr(replace(self, kafka_options=()))
+        """The text `version` hashes and the ledger stores: the spec's canonical text (its fields, for a spec
+        built in code), secrets redacted (spec/secrets.py)."""
+        return self.text or repr(replace(self, kafka_options=(),
+                                         format_options=tuple(redacted(dict(self.format_options)).items())))
 
     @property
     def version(self) -> str:
         """The spec's version: a hash of its canonical text. Deployment settings merged in later
-        (with_kafka_options) and columns read from a schema registry are not part of it."""
-        return hashlib.sha256(self.canonical.encode()).hexdigest()[:16]
+        (with_kafka_options), columns read from a schema registry and the values of secrets are not part of it."""
+        return version_of(self.canonical)
 
     @property
     def changes(self) -> bool:
@@ -127,7 +134,7 @@ def _check_target_is_its_own(pipelines_dir: Path, spec: PipelineSpec) -> None:
         if other.stem == spec.name:
             continue
         try:
-            doc = yaml.safe_load(other.read_text())
+            doc = load_yaml(other.read_text())
             theirs = qualified(doc["target"]["table"], "target.table")
         except Exception:  # noqa: BLE001
             continue
@@ -143,7 +150,7 @@ def list_specs(pipelines_dir: Path) -> list[PipelineSpec]:
 
 def parse_spec_file(path: Path) -> PipelineSpec:
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        doc = load_yaml(Path(path).read_text())
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     try:
@@ -302,29 +309,68 @@ def parse_spec(doc: object) -> PipelineSpec:
         compact_after_s=compact_after_s,
         quarantine_retention_s=retention_s,
         text=canonical_text(doc),
+        version_before_redaction=_version_before_redaction(doc),
     )
 
 
 UPKEEP_KEYS = (("history", None), ("errors", "quarantine_retention"), ("target", "partitions"))
 
 
-def canonical_text(doc: dict) -> str:
+def canonical_text(doc: dict, redact: bool = True) -> str:
     """The spec document as JSON with sorted keys: the same spec gives the same text whatever its YAML
     layout, comments or key order. The upkeep settings (UPKEEP_KEYS: compaction, quarantine retention, the
     partition layout) are left out: they change no batch's result, so changing them asks no open batch to
-    be abandoned."""
+    be abandoned. Client secrets (a registry's password or token, user-info in its url) are REDACTED: the
+    text is stored where the inspector role reads it, and rotating a password changes no batch's result."""
     doc = {k: dict(v) if isinstance(v, dict) else v for k, v in doc.items()}
     for section, key in UPKEEP_KEYS:
         if key is None:
             doc.pop(section, None)
         elif isinstance(doc.get(section), dict):
             doc[section].pop(key, None)
+    return _json_text(_redacted_doc(doc) if redact else doc)
+
+
+def _redacted_doc(doc: dict) -> dict:
+    """`doc` with its client settings' secrets REDACTED (spec/secrets.py)."""
+    source = doc.get("source")
+    if not isinstance(source, dict):
+        return doc
+    return {**doc, "source": {**source, **{k: redacted(source[k]) for k in ("kafka", "schema_registry")
+                                           if isinstance(source.get(k), dict)}}}
+
+
+def _json_text(doc: dict) -> str:
     return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False, default=str)
 
 
+def _version_before_redaction(doc: dict) -> str | None:
+    before = canonical_text(doc, redact=False)
+    return version_of(before) if before != canonical_text(doc) else None
+
+
+def version_of(canonical: str) -> str:
+    """The version of a spec whose canonical text is `canonical`."""
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def redacted_spec_text(stored: str) -> str:
+    """A spec text as the ledger stored it, with its secrets REDACTED (a text stored before #51 still has
+    them). A spec file's text is canonical JSON, written again as canonical_text writes it; a text with no
+    secret, and any other text (a spec built in code, its repr), is returned as is."""
+    try:
+        doc = json.loads(stored)
+    except ValueError:
+        return stored
+    if not isinstance(doc, dict) or _redacted_doc(doc) == doc:
+        return stored
+    return _json_text(_redacted_doc(doc))
+
+
 def check_version(spec: PipelineSpec, batch_id: int, planned: str | None) -> None:
-    """A batch runs with the spec version it was planned with, or not at all."""
-    if planned is not None and planned != spec.version:
+    """A batch runs with the spec version it was planned with, or not at all. A version planned before #51
+    redacted secrets from the version's text is the same spec when this spec hashed so then."""
+    if planned is not None and planned not in (spec.version, spec.version_before_redaction):
         raise SpecVersionError(
             f"batch {batch_id} of pipeline {spec.name} was planned with spec version {planned}, but the spec is now "
             f"version {spec.version}: a batch never mixes two versions. Restore the spec of version {planned} (its "

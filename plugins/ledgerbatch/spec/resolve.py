@@ -24,6 +24,7 @@ from ledgerbatch.spec.pipeline import (
     with_envelope_version,
     with_kafka_options,
 )
+from ledgerbatch.spec.secrets import without_userinfo
 
 
 def with_registry(spec: PipelineSpec, deployment: dict[str, str]) -> PipelineSpec:
@@ -71,16 +72,17 @@ def resolve_columns(spec: PipelineSpec) -> PipelineSpec:
     try:
         client = registry_client(options)
     except ValueError as exc:
-        raise ConfigError(f"pipeline {spec.name}: schema registry settings: {exc}") from None
+        raise ConfigError(f"pipeline {spec.name}: schema registry settings: {without_userinfo(exc)}") from None
     try:
         latest = client.get_latest_version(subject(spec))
     except SchemaRegistryError as exc:
         if exc.http_status_code == 404:
             raise SpecError(f"pipeline {spec.name}: no schema:, and the registry has no subject {subject(spec)} "
                             f"to take the columns from; register the topic's schema or list source.schema") from None
-        raise ConfigError(f"schema registry {options['url']} answered {exc.http_status_code}: {exc.error_message}") from None
+        raise ConfigError(f"schema registry {without_userinfo(options['url'])} answered {exc.http_status_code}: {exc.error_message}") from None
     except Exception as exc:  # the transport's own errors: the registry is down or unreachable
-        raise ConfigError(f"schema registry {options['url']} is not reachable: {exc}") from None
+        raise ConfigError(f"schema registry {without_userinfo(options['url'])} is not reachable: "
+                          f"{without_userinfo(exc)}") from None
     try:
         ddl = _columns_ddl(spec, latest.schema)
     except ValueError as exc:

@@ -6,10 +6,14 @@ batch. Spark runs it in the driver and the executors, whose processes hold the d
 - a script transform (`SELECT TRANSFORM(...) USING 'cmd'`, also `MAP`/`REDUCE ... USING`) runs a shell command;
 - a file relation (``text.`/path` ``) reads local files: refused here, and off in every session ledgerbatch
   starts (`spark.sql.runSQLOnFiles=false`, spark/session.py);
-- `IDENTIFIER('...')` would build any of those names from a string.
+- `IDENTIFIER('...')` would build any of those names from a string;
+- a variable (`${env:X}` reads the environment, `${hivevar:x}` is empty and splits a name: `ref${hivevar:x}lect`)
+  is replaced by Spark before it parses the text, so after this check: `${` is refused anywhere in the text,
+  and substitution is off in every session (`spark.sql.variable.substitute=false`, spark/sql_settings.py).
 
 The text is checked with comments removed, quoted names unquoted and string literals blanked, so neither
-case, quotes (`` `reflect` ``), qualification (`system.builtin.reflect`) nor comments hide a name.
+case, quotes (`` `reflect` ``), qualification (`system.builtin.reflect`) nor comments hide a name; a hint
+(`/*+ ... */`) is code, not a comment: Spark parses what it holds.
 """
 from __future__ import annotations
 
@@ -31,6 +35,10 @@ _REFUSED = (  # (pattern, over the text with quoted names unquoted?, why)
 
 def check_sql(text: str, where: str) -> None:
     """SpecError naming `where` and what the SQL would reach, if it reaches outside the batch."""
+    if "${" in text:  # in a literal or a comment too: substitution comes before any parsing
+        raise SpecError(f"{where}: '${{' is a variable Spark would replace before parsing the text (${{env:...}} reads "
+                        f"the environment); a transform may read only its batch "
+                        f"(docs/transforms.md#what-a-transform-can-read)")
     for pattern, unquote, why in _REFUSED:
         found = pattern.search(_plain(text, unquote))
         if found:
@@ -51,7 +59,7 @@ def _tokens(text: str):
     at, start = 0, 0
     while at < len(text):
         c = text[at]
-        if c in "'\"`" or text.startswith(("--", "/*"), at):
+        if c in "'\"`" or text.startswith("--", at) or (text.startswith("/*", at) and not text.startswith("/*+", at)):
             if start < at:
                 yield "code", text[start:at]
             if c in "'\"`":

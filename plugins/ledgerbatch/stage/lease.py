@@ -10,7 +10,8 @@ this process staged and has left unfinished (the database went away under it, so
 the ledger) is not waited for: its lease is this process's own, and nothing renews it any more. That holds
 only while it is still the batch's current attempt: `begin_own_attempt` judges it against the batch row it
 has locked, so another runner's newer attempt (begun meanwhile over the lapsed lease) is waited for as any.
-A process remembers only the attempts it left unfinished, the last LEFT_KEPT of them.
+A process remembers only the attempts it left unfinished, the last LEFT_KEPT of them, each by its ledger
+database as well as its batch id (one process may serve several ledgers, whose batch ids overlap).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 LEASE_S = 15.0
 WAIT_POLL_S = 1.0
 LEFT_KEPT = 64  # attempts left unfinished that a process remembers (the oldest forgotten first)
-_LEFT: OrderedDict[int, int] = OrderedDict()  # batch id -> the attempt of it this process left unfinished
+_LEFT: OrderedDict[tuple[str, int], int] = OrderedDict()  # (ledger, batch id) -> the attempt of it left unfinished
 _LEFT_LOCK = threading.Lock()
 
 
@@ -48,10 +49,11 @@ class AttemptLease:
     def __exit__(self, exc_type, exc, tb) -> None:
         self._stop.set()
         self._thread.join()
+        key = (_ledger(self.engine), self.batch_id)
         if exc_type is None:  # staged: the batch's lease no longer matters
-            _forget(self.batch_id)
+            _forget(key)
         else:  # left unfinished: its failure may not have reached the ledger
-            _remember(self.batch_id, self.attempt)
+            _remember(key, self.attempt)
 
     def _renew(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -63,30 +65,35 @@ class AttemptLease:
                 log.warning("batch %d attempt %d: cannot renew its lease: %s", self.batch_id, self.attempt, exc)
 
 
-def _remember(batch_id: int, attempt: int) -> None:
+def _ledger(engine: Engine) -> str:
+    """The ledger database an engine reaches (its URL without the password)."""
+    return engine.url.render_as_string(hide_password=True)
+
+
+def _remember(key: tuple[str, int], attempt: int) -> None:
     with _LEFT_LOCK:
-        _LEFT[batch_id] = attempt
-        _LEFT.move_to_end(batch_id)
+        _LEFT[key] = attempt
+        _LEFT.move_to_end(key)
         while len(_LEFT) > LEFT_KEPT:
             _LEFT.popitem(last=False)
 
 
-def _forget(batch_id: int) -> None:
+def _forget(key: tuple[str, int]) -> None:
     with _LEFT_LOCK:
-        _LEFT.pop(batch_id, None)
+        _LEFT.pop(key, None)
 
 
-def left_here(batch_id: int, attempt: int) -> bool:
-    """Whether `attempt` of the batch is one this process staged and left unfinished."""
+def left_here(engine: Engine, batch_id: int, attempt: int) -> bool:
+    """Whether `attempt` of the batch in this ledger is one this process staged and left unfinished."""
     with _LEFT_LOCK:
-        return _LEFT.get(batch_id) == attempt
+        return _LEFT.get((_ledger(engine), batch_id)) == attempt
 
 
-def lease_of(batch: Batch) -> float:
+def lease_of(engine: Engine, batch: Batch) -> float:
     """How fresh a lease of the batch's current attempt must be to be waited for: never for one this process
     left unfinished. Where it decides who begins the next attempt, `batch` is read locked (begin_own_attempt);
     wait_for_holder only decides whether to look again."""
-    return 0.0 if batch.status == BatchStatus.PLANNED and left_here(batch.batch_id, batch.attempt) else LEASE_S
+    return 0.0 if batch.status == BatchStatus.PLANNED and left_here(engine, batch.batch_id, batch.attempt) else LEASE_S
 
 
 def begin_own_attempt(conn: Connection, batch_id: int, output_schema: str | None = None) -> int | None:
@@ -95,7 +102,7 @@ def begin_own_attempt(conn: Connection, batch_id: int, output_schema: str | None
     locked first, so the lease is judged against the attempt that is current when the new one begins: an
     attempt this process left is taken over at once only if it is still that one."""
     current = get_batch(conn, batch_id, for_update=True)
-    return begin_attempt(conn, batch_id, output_schema, lease_of(current))
+    return begin_attempt(conn, batch_id, output_schema, lease_of(conn.engine, current))
 
 
 def wait_for_holder(engine: Engine, batch_id: int) -> Batch:
@@ -105,7 +112,7 @@ def wait_for_holder(engine: Engine, batch_id: int) -> Batch:
     while True:
         with engine.connect() as conn:
             batch = get_batch(conn, batch_id)
-            if not attempt_held(conn, batch_id, lease_of(batch)):
+            if not attempt_held(conn, batch_id, lease_of(engine, batch)):
                 if said:
                     log.info("batch %d is no longer held (%s, attempt %d) after waiting %.1fs", batch_id,
                              batch.status, batch.attempt, time.monotonic() - started)

@@ -8,7 +8,7 @@ import time
 
 from sqlalchemy.engine import Engine
 
-from ledgerbatch.config import libpq_dsn
+from ledgerbatch.config import libpq_dsn, staging_db_url
 from ledgerbatch.errors import (
     FENCED,
     OFFSETS_LOST,
@@ -50,7 +50,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
             attempt = begin_own_attempt(conn, batch_id, shape.output_schema)  # judged on the locked row
             if attempt is not None:
                 batch = get_batch(conn, batch_id)
-                table = open_staging(conn, shape, batch_id, attempt, libpq_dsn(db_url))
+                table = open_staging(conn, shape, batch_id, attempt, libpq_dsn(staging_db_url(db_url)))
                 break
         batch = wait_for_holder(engine, batch_id)  # another runner stages it: never fence a live attempt
         if batch.status in (BatchStatus.STAGED, BatchStatus.COMMITTED):

@@ -71,7 +71,8 @@ class StagingTables:
         return f"{self.name}_bad"
 
     def create(self, conn: Connection, shape: BatchShape, batch_id: int) -> None:
-        """The table of good rows (an aggregate's: of groups, one per key) and of bad records."""
+        """The table of good rows (an aggregate's: of groups, one per key) and of bad records, granted to the
+        executors' role."""
         if shape.groups:
             conn.execute(text(query("create_staging_groups", staging=self.name, defs=Fragment(shape.column_defs),
                                     key=list(shape.key))), {"batch_id": batch_id})
@@ -79,6 +80,9 @@ class StagingTables:
             conn.execute(text(query("create_staging", staging=self.name, defs=staging_defs(shape))),
                          {"batch_id": batch_id})
         conn.execute(text(query("create_staging_bad", bad=self.bad)))
+        conn.execute(text(query("grant_staging", staging=self.name, bad=self.bad)))
+        if not shape.groups:
+            conn.execute(text(query("grant_staging_coordinates", staging=self.name)))
 
     def complete(self, conn: Connection, shape: BatchShape) -> bool:
         """Both tables exist, the good rows carry their batch id (an earlier version staged into one table

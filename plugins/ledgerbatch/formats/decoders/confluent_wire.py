@@ -72,4 +72,5 @@ def decode_framed(raw: bytes | None, decode: Callable[[bytes], object]) -> objec
     except Exception as exc:
         if isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2"):
             raise RegistryUnavailable(f"schema registry unreachable while reading schema id {sid}: {exc!r}") from None
-        raise BadValue(f"value does not decode with writer schema id {sid}: {str(exc) or type(exc).__name__}") from None
+        # the decoder's own words may quote the value: its type only (the record stays in the quarantine's value)
+        raise BadValue(f"value does not decode with writer schema id {sid} ({type(exc).__name__})") from None

@@ -26,6 +26,7 @@ from decimal import Decimal
 from typing import Callable
 
 from ledgerbatch.formats.bad_value import BadValue
+from ledgerbatch.formats.convert import show
 from ledgerbatch.formats.decoders.base import DELETE, SKIP, UPSERT
 from ledgerbatch.formats.decoders.json import JsonDecoder
 
@@ -169,7 +170,7 @@ def _logical(field: dict, value):
 
 def _integer(value, semantic: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadValue(f"expected an integer for {semantic}, got {value!r}")
+        raise BadValue(f"expected an integer for {semantic}, got {show(value)}")
     return value
 
 
@@ -180,7 +181,7 @@ def _unscaled(data, scale: int) -> Decimal:
         try:
             data = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
-            raise BadValue(f"{data!r} is not a base64 decimal") from None
+            raise BadValue(f"{show(data)} is not a base64 decimal") from None
     if not isinstance(data, bytes):
-        raise BadValue(f"expected a base64 decimal, got {data!r}")
+        raise BadValue(f"expected a base64 decimal, got {show(data)}")
     return Decimal(int.from_bytes(data, "big", signed=True)).scaleb(-scale)
