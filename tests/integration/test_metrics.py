@@ -104,6 +104,12 @@ def test_prometheus_scrapes_counts_and_lag_in_offsets_and_seconds(engine, db_url
         assert query(f"sum(ledgerbatch_records_quarantined_total{{{pipeline}}})") == {"": quarantined}
         consumed = query(f"messaging_client_consumed_messages_total{{{pipeline}}}")
         assert consumed == {"0": 50.0, "1": 50.0}
+        # produced -> committed, one observation a record (bad ones too: they were delivered, to quarantine)
+        _until("freshness of 100 records", lambda: query(f"sum(ledgerbatch_freshness_seconds_count{{{pipeline}}})")
+               .get("") == 100)
+        mean = query(f"sum(ledgerbatch_freshness_seconds_sum{{{pipeline}}}) / "
+                     f"sum(ledgerbatch_freshness_seconds_count{{{pipeline}}})")  # quantiles only know the buckets
+        assert 0 < mean[""] <= time.time() - produced_at + 1, mean
         assert _until("caught up", lambda: query(f"ledgerbatch_lag_offsets{{{pipeline}}}")) == {"0": 0.0, "1": 0.0}
         delivered_age = query(f"ledgerbatch_lag_newest_delivered_age_seconds{{{pipeline}}}")
         assert set(delivered_age) == {"0", "1"}

@@ -20,9 +20,12 @@ from ledgerbatch.errors import ConfigError
 from ledgerbatch.model.batch import Batch
 from ledgerbatch.ops.lag import PartitionLag, pipeline_lag
 from ledgerbatch.ops.upkeep_failures import failure_counts
+from ledgerbatch.stage.stamps import ages
 
 log = logging.getLogger(__name__)
 SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+FRESHNESS_SAMPLE = 10_000  # freshness observations a batch at most
+FRESHNESS_BUCKETS = (0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 21600, 86400)
 
 
 def kafka_attributes(pipeline: str, topic: str, partition: int) -> dict:
@@ -67,6 +70,9 @@ class Metrics:
         self.duration = meter.create_histogram(
             "ledgerbatch.batch.phase.duration", unit="s", description="wall time of a batch phase",
             explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
+        self.freshness_seconds = meter.create_histogram(
+            "ledgerbatch.freshness", unit="s", explicit_bucket_boundaries_advisory=list(FRESHNESS_BUCKETS),
+            description="per record a committed batch delivered: its Kafka timestamp to the commit")
         meter.create_observable_gauge("ledgerbatch.lag.offsets", [self._observe("offsets")], unit="{message}",
                                       description="Kafka's read_committed end offset minus the ledger's cursor")
         meter.create_observable_gauge(
@@ -93,6 +99,22 @@ class Metrics:
             for r in batch.ranges:
                 kafka = kafka_attributes(batch.pipeline, r.topic, r.partition)
                 self.consumed.add(batch.range_counts.get(r.topic_partition) or 0, kafka)
+
+    def freshness(self, pipeline: str, texts: list, now_ms: int) -> None:
+        """Each record of a batch this process staged and just committed: produced -> committed, in seconds
+        (stage/stamps.py: its timestamp bucket's middle). One observation a record, up to FRESHNESS_SAMPLE
+        a batch: beyond, each bucket in proportion (an observation costs ~10 us; a batch of a million
+        records would spend seconds on its metric)."""
+        with _guarded("freshness"):
+            attrs = {"ledgerbatch.pipeline": pipeline}
+            seen = list(ages(texts, now_ms))
+            scale = min(1.0, FRESHNESS_SAMPLE / max(1, sum(n for _, n in seen)))
+            carry = 0.0
+            for age, n in seen:
+                carry += n * scale
+                for _ in range(int(carry)):
+                    self.freshness_seconds.record(age, attrs)
+                carry -= int(carry)
 
     @contextmanager
     def failures(self, pipeline: str, phase: str):

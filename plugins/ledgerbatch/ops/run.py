@@ -11,6 +11,7 @@ for the metrics, lineage events, and the history upkeep the spec asks for with t
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -41,11 +42,13 @@ from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.ops.warm_start import WarmStart
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
-from ledgerbatch.source import kafka
+from ledgerbatch.source import kafka, looks
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import query
+from ledgerbatch.stage import stamps
 from ledgerbatch.stage.process import process_batch
 from ledgerbatch.stage.tables import drop_finished_staging
+from ledgerbatch.stage.turns import Turns
 
 log = logging.getLogger(__name__)
 UPKEEP_EVERY_S = 60.0  # how often a following run compacts, purges and rolls up, as its spec asks
@@ -76,10 +79,10 @@ class RunSummary:
 class Session:
     """The run's Spark session: made on first use (by the warm-up or the first batch to stage), made anew
     after Spark's outage (a restarted Spark Connect server). One may serve several runs in threads
-    (ops/service.py)."""
+    (ops/service.py), whose plain batches it then stages in turns of one Spark job (stage/turns.py)."""
 
-    def __init__(self, factory: Callable):
-        self.factory, self.spark, self._lock = factory, None, threading.Lock()
+    def __init__(self, factory: Callable, turns: Turns | None = None):
+        self.factory, self.turns, self.spark, self._lock = factory, turns, None, threading.Lock()
 
     def __call__(self):
         with self._lock:
@@ -99,6 +102,15 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
                  spark_factory: Callable | Session, max_batches: int | None = None, follow_idle_s: float | None = None,
                  stop: threading.Event | None = None, backoff: Backoff = Backoff(),
                  upkeep_every_s: float = UPKEEP_EVERY_S) -> RunSummary:
+    # a follower looks at Kafka every follow_idle_s: through one long-lived consumer (source/looks.py)
+    with looks.shared() if follow_idle_s is not None else contextlib.nullcontext():
+        return _run(engine, spec, db_url, bootstrap_servers, spark_factory, max_batches, follow_idle_s, stop, backoff,
+                    upkeep_every_s)
+
+
+def _run(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str, spark_factory: Callable | Session,
+         max_batches: int | None, follow_idle_s: float | None, stop: threading.Event | None, backoff: Backoff,
+         upkeep_every_s: float) -> RunSummary:
     session = spark_factory if isinstance(spark_factory, Session) else Session(spark_factory)
     summary, started, idle = RunSummary(), time.monotonic(), False
     stop = stop or threading.Event()
@@ -199,7 +211,7 @@ def stage(session: Session, engine: Engine, spec: PipelineSpec, batch: Batch, db
     """Stage the batch under a new attempt (the first batch's phase includes starting Spark)."""
     started = time.monotonic()
     with metrics().failures(spec.name, "process"):
-        batch = process_batch(session(), engine, spec, batch.batch_id, db_url, bootstrap_servers)
+        batch = process_batch(session(), engine, spec, batch.batch_id, db_url, bootstrap_servers, turns=session.turns)
     phase_event("process", batch, time.monotonic() - started)
     crash_point("after_stage")
     return batch
@@ -221,6 +233,8 @@ def commit(engine: Engine, spec: PipelineSpec, batch: Batch, following: bool) ->
                                f"the ledger holds the outcome: run again to resume") from None
     phase_event("commit", batch, time.monotonic() - started, result.rows_written, result.rows_quarantined,
                 committed_now=not result.already_committed, rows_rejected=result.rows_rejected)
+    if not result.already_committed:
+        metrics().freshness(spec.name, stamps.kept.take(batch.batch_id, batch.attempt), int(time.time() * 1000))
     return result
 
 

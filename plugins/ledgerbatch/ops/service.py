@@ -10,9 +10,11 @@ under the new version; a file that does not load keeps the spec it last loaded w
 stopped by an error starts again when its spec changes, or `retry_stopped_s` later (its cause may have been
 dealt with: a loss acknowledged, a batch abandoned); it stops again if not.
 
-Not yet (issue #53): each batch is still a Spark job of its own (no turn staging many pipelines in one job), each
-Kafka look-up a consumer of its own, and the ledger pool SQLAlchemy's default (5 kept, 10 more at once, waited for
-beyond that).
+Their plain batches (no transform) are staged in turns (stage/turns.py): the batches that several pipelines'
+threads stage at one time go to Spark as one job, so the batches a second grow with the pipelines instead of
+each paying a Spark job's fixed cost. Their Kafka looks share one long-lived consumer a cluster (source/looks.py),
+and their ledger connections one pool (SQLAlchemy's: 5 kept, 10 more at once, waited for beyond that), whatever
+their number.
 """
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ from sqlalchemy.engine import Engine
 from ledgerbatch.ledger.batches import get_batch, open_live_batch_id
 from ledgerbatch.ops.outages import Backoff
 from ledgerbatch.ops.run import RunSummary, Session, run_pipeline
+from ledgerbatch.source import looks
 from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.stage.turns import Turns
 
 log = logging.getLogger(__name__)
 RESCAN_S = 10.0  # how often the pipelines folder is read again
@@ -97,13 +101,18 @@ class Service:
                  backoff: Backoff = Backoff(), upkeep_every_s: float = 60.0, rescan_s: float = RESCAN_S,
                  retry_stopped_s: float = RETRY_STOPPED_S):
         self.engine, self.db_url, self.bootstrap_servers = engine, db_url, bootstrap_servers
-        self.session = Session(spark_factory)  # one for every pipeline: made on first use, anew after an outage
+        # one for every pipeline, made on first use (anew after an outage); their plain batches staged in turns
+        self.session = Session(spark_factory, Turns())
         self.specs, self.stop, self.idle_s, self.backoff = specs, stop, idle_s, backoff
         self.upkeep_every_s, self.rescan_s, self.retry_stopped_s = upkeep_every_s, rescan_s, retry_stopped_s
         self.followers: dict[str, Follower] = {}
 
     def serve(self) -> dict[str, Follower]:
         """Follow the pipelines until `stop` is set, then let each finish the batch in hand; how each ended."""
+        with looks.shared():  # every pipeline's Kafka looks through one consumer a cluster (source/looks.py)
+            return self._serve()
+
+    def _serve(self) -> dict[str, Follower]:
         while True:
             try:
                 self.reconcile(self.specs())

@@ -27,8 +27,8 @@ class RangeReadError(RuntimeError):
 
 
 class Records(NamedTuple):
-    """One chunk of a range's records, as parallel lists. `timestamps` (ms, None where Kafka has none)
-    and `headers` (lists of (key, value) pairs) only when the reader was asked for metadata."""
+    """One chunk of a range's records, as parallel lists. `timestamps` (ms, None where Kafka has none);
+    `headers` (lists of (key, value) pairs) only when the reader was asked for metadata."""
     offsets: list
     keys: list
     values: list
@@ -37,7 +37,7 @@ class Records(NamedTuple):
 
 
 def read_messages(rng: OffsetRange, kafka_conf: dict, stall_timeout_s: float, metadata: bool = False) -> Iterator[Records]:
-    """Yield chunks of exactly the records in `rng`; with `metadata`, their timestamps and headers too."""
+    """Yield chunks of exactly the records in `rng`, with their timestamps; with `metadata`, headers too."""
     consumer = _assigned(rng, kafka_conf)
     try:
         yield from _records(rng, consumer, stall_timeout_s, metadata)
@@ -80,7 +80,7 @@ def _records(rng: OffsetRange, consumer, stall_timeout_s: float, metadata: bool)
     while position < rng.until_offset:
         msgs = consumer.consume(min(CHUNK, rng.until_offset - position), POLL_S)
         offsets, keys, values = [], [], []
-        timestamps, headers = ([], []) if metadata else (None, None)
+        timestamps, headers = [], ([] if metadata else None)  # timestamps always: the freshness metric counts them
         for m in msgs:
             if m.error():
                 # auto.offset.reset=error: a range that left the log reports its reset, not records
@@ -91,9 +91,9 @@ def _records(rng: OffsetRange, consumer, stall_timeout_s: float, metadata: bool)
                 offsets.append(m.offset())
                 keys.append(m.key())
                 values.append(m.value())
+                kind, ms = m.timestamp()
+                timestamps.append(None if kind == TIMESTAMP_NOT_AVAILABLE else ms)
                 if metadata:
-                    kind, ms = m.timestamp()
-                    timestamps.append(None if kind == TIMESTAMP_NOT_AVAILABLE else ms)
                     headers.append(m.headers())
         # The position also moves past records the consumer skips (markers, aborted records).
         previous = position

@@ -16,19 +16,24 @@ from ledgerbatch.ledger.batches import mark_staged, staged_reads
 from ledgerbatch.model.reconcile import query_counts
 from ledgerbatch.spark.session import is_connect
 from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.stage import stamps
 from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob
 from ledgerbatch.stage.tasks import parse_good_rows, parse_ranges, stage_output, stage_parsed, stage_ranges
 from ledgerbatch.stage.transform import run_query, view_struct
+from ledgerbatch.stage.turns import Turns
 
 log = logging.getLogger(__name__)
 
 
-def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
-    """Stage every range of the job; the batch is `staged` with its counts when this returns."""
+def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob, turns: Turns | None = None) -> None:
+    """Stage every range of the job; the batch is `staged` with its counts when this returns. With `turns`
+    (a service of many pipelines) a plain job is staged in a turn with other pipelines' (turns.py)."""
     if spec.query is not None:
         _stage_query(spark, engine, spec, job)
     elif spec.transform:
         _stage_dataframe(spark, engine, spec, job)
+    elif turns is not None:
+        _mark_ranges(engine, job, turns.stage(spark, job, default_parallelism(spark)))
     else:
         _stage_direct(spark, engine, job)
 
@@ -57,10 +62,12 @@ def transform_plan(ranges, spec: PipelineSpec, parse, stage, counts=COUNTS):
 
 
 def _mark_ranges(engine: Engine, job: StagingJob, rows: list) -> None:
-    """Record the counts the tasks returned (COUNTS rows, one per staged range), fenced by the attempt."""
+    """Record the counts the tasks returned (COUNTS rows, one per staged range), fenced by the attempt; keep
+    the records' timestamps for the commit's freshness metric (stamps.py)."""
     counts = {(r.topic, r.partition): (r.rows, r.bad, r.deleted, r.skipped) for r in rows if r.rows}
     with engine.begin() as conn:
         mark_staged(conn, job.batch_id, job.attempt, job.table.name, job.ranges, counts)
+    stamps.kept.keep(job.batch_id, job.attempt, [r.stamps for r in rows])
 
 
 def _stage_query(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:

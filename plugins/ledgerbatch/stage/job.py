@@ -17,6 +17,7 @@ COUNTS = StructType([
     StructField("bad", LongType(), False),
     StructField("deleted", LongType(), False),  # change pipelines: deletes and skipped records among the rows
     StructField("skipped", LongType(), False),
+    StructField("stamps", StringType(), True),  # its records by timestamp (stamps.py), for the freshness metric
 ])
 
 OUTPUT_COUNTS = StructType([StructField("rows", LongType(), False)])  # a query's output rows one task staged

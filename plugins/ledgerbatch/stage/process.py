@@ -28,6 +28,7 @@ from ledgerbatch.stage.driver import stage_batch
 from ledgerbatch.stage.job import Parsing, StagingJob
 from ledgerbatch.stage.lease import AttemptLease, begin_own_attempt, wait_for_holder
 from ledgerbatch.stage.tables import StagingTables, drop_staging_quietly, open_staging
+from ledgerbatch.stage.turns import Turns
 
 log = logging.getLogger(__name__)
 # A Python worker's traceback inside a Spark error, up to Spark's own SQLSTATE or JVM stack.
@@ -35,8 +36,9 @@ _TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n(.*?)(?=\n\s*SQL
 
 
 def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_url: str, bootstrap_servers: str,
-                  stall_timeout_s: float = 60.0) -> Batch:
-    """Stage batch `batch_id` under a new attempt; returns the staged batch. Raises if it cannot."""
+                  stall_timeout_s: float = 60.0, turns: Turns | None = None) -> Batch:
+    """Stage batch `batch_id` under a new attempt; returns the staged batch. Raises if it cannot. `turns`: a
+    service's (stage/turns.py), whose turns stage many pipelines' batches in one Spark job."""
     started = time.monotonic()
     with engine.begin() as conn:  # a replay or backfill takes the spec's version at its first attempt
         check_version(spec, batch_id, pin_spec_version(conn, batch_id, spec.name, spec.version, spec.canonical))
@@ -67,7 +69,7 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     )
     try:
         with AttemptLease(engine, batch_id, attempt):
-            stage_batch(spark, engine, spec, job)
+            stage_batch(spark, engine, spec, job, turns)
     except Exception as exc:
         reason = spark_error_reason(exc)
         with engine.begin() as conn:

@@ -18,6 +18,7 @@ from typing import Iterator
 
 from ledgerbatch.stage.csv_copy import copy_range, copy_stream, stage_bad, staged_arrays
 from ledgerbatch.stage.job import COUNTS, OUTPUT_COUNTS, StagingJob, StagingTable
+from ledgerbatch.stage.stamps import Stamps
 
 
 def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
@@ -25,8 +26,9 @@ def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     parser = job.parsing.parser()
     with staging_connection(job.table) as conn:
         for rng, records in _task_ranges(ids, job):
-            counts = copy_range(_parsed(rng, records, parser), job.table, conn)
-            yield _counts(counts or (rng.topic, rng.partition, 0, 0, 0, 0))
+            stamps = Stamps()
+            counts = copy_range(_parsed(rng, stamps.seen(records), parser), job.table, conn)
+            yield _counts(counts or (rng.topic, rng.partition, 0, 0, 0, 0), stamps.text())
 
 
 def parse_ranges(ids: Iterator, job: StagingJob) -> Iterator:
@@ -72,12 +74,13 @@ def stage_parsed(batches: Iterator, job: StagingJob) -> Iterator:
         yield _counts(counts)
 
 
-def _counts(counts: tuple):
-    """One range's counts as the COUNTS row its task returns."""
+def _counts(counts: tuple, stamps: str | None = None):
+    """One range's counts (and its records by timestamp, where they were counted) as the COUNTS row its task
+    returns."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return pa.RecordBatch.from_pylist([dict(zip(COUNTS.names, counts))], schema=to_arrow_schema(COUNTS))
+    return pa.RecordBatch.from_pylist([dict(zip(COUNTS.names, (*counts, stamps)))], schema=to_arrow_schema(COUNTS))
 
 
 def stage_output(batches: Iterator, job: StagingJob) -> Iterator:

@@ -1,0 +1,93 @@
+"""Turns: the batches that many pipelines' threads stage at one time go to Spark as ONE job (ops/service.py).
+
+A batch costs a Spark job's fixed overhead (scheduling, Python workers, a few hundred ms of CPU for a few
+dozen records) whatever its size: one job a batch caps a machine at 2-3 batches a second in all. Here a
+pipeline's thread hands its job (a plain one: no transform or query, whose Spark plans differ per pipeline) to
+`Turns.stage` and waits. The first to arrive while no turn runs leads: it takes every job queued, runs them as
+one job of at most two tasks a core (turn_tasks.py; each task a share of the turn's ranges, in job order), and
+hands each job its counts. Jobs that arrive meanwhile wait for the next turn, so a turn takes what piled up
+during the last and the number of batches a second grows with the number of pipelines. Each pipeline keeps
+one batch a turn; one with much to do gets bigger batches (its spec's batch limits), not more turns.
+
+A job's own failure is its alone (turn_tasks.py); a failure of the whole Spark job (Spark's outage) is every
+job's, and each pipeline's thread waits it out as it would its own."""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ledgerbatch.stage.job import StagingJob
+from ledgerbatch.stage.turn_tasks import TURN_COUNTS, stage_turn
+
+log = logging.getLogger(__name__)
+
+
+class TurnJobError(RuntimeError):
+    """A job of a turn failed in its tasks: the message is its reason as its task saw it."""
+
+
+@dataclass
+class _Seat:
+    job: StagingJob
+    done: bool = False
+    rows: list = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class Turns:
+    def __init__(self, tasks_per_core: int = 2):
+        self.tasks_per_core = tasks_per_core
+        self._cond = threading.Condition()
+        self._queue: list[_Seat] = []
+        self._running = False
+        self.turns = 0  # how many turns ran (for the logs and tests)
+
+    def stage(self, spark, job: StagingJob, parallelism: int) -> list:
+        """Stage `job` in a turn; its COUNTS rows (one a staged range). Raises TurnJobError for the job's own
+        failure, Spark's error for the turn's. `parallelism`: the cluster's cores, if this thread leads."""
+        seat = _Seat(job)
+        with self._cond:
+            self._queue.append(seat)
+            while not seat.done and self._running:
+                self._cond.wait()
+            if not seat.done:  # nobody runs a turn: this thread leads one with every job waiting
+                turn, self._queue, self._running = self._queue, [], True
+        if not seat.done:
+            try:
+                self._run(spark, turn, parallelism)
+            finally:
+                with self._cond:
+                    self._running = False
+                    self._cond.notify_all()
+        if seat.error is not None:
+            raise seat.error
+        return seat.rows
+
+    def _run(self, spark, turn: list[_Seat], parallelism: int) -> None:
+        started = time.monotonic()
+        jobs = tuple(seat.job for seat in turn)
+        items = tuple((j, r) for j, job in enumerate(jobs) for r in range(len(job.ranges)))
+        try:
+            tasks = max(1, min(len(items), self.tasks_per_core * parallelism))
+            task = functools.partial(stage_turn, jobs=jobs, items=items)
+            rows = spark.range(0, len(items), 1, tasks).mapInArrow(task, TURN_COUNTS).collect()
+        except BaseException as exc:
+            for seat in turn:
+                seat.error = exc
+        else:
+            for row in rows:
+                seat = turn[row.job]
+                if row.error is not None:
+                    seat.error = TurnJobError(row.error)
+                else:
+                    seat.rows.append(row)
+        finally:
+            with self._cond:
+                for seat in turn:
+                    seat.done = True
+                self.turns += 1
+        log.info("turn %d: %d batches (one a pipeline), %d ranges, in one Spark job (%.2fs)", self.turns, len(jobs),
+                 len(items), time.monotonic() - started)

@@ -1,0 +1,48 @@
+"""Turns (stage/turns.py): the batches of many pipelines staged at one time go to Spark as one job; a job's own
+failure (here its offsets gone from Kafka) fails its batch alone; every other pipeline is staged exactly once."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ledgerbatch.commit.transaction import commit_batch
+from ledgerbatch.errors import DataLossError
+from ledgerbatch.plan.live import plan_next
+from ledgerbatch.stage.process import process_batch
+from ledgerbatch.stage.turns import Turns
+
+from .helpers import assert_exactly_once, delete_records, order_value, produce
+
+pytestmark = pytest.mark.integration
+
+
+def test_one_turn_stages_many_pipelines_and_a_jobs_failure_is_its_own(engine, db_url, broker, spark, make_pipeline):
+    pipes = [make_pipeline(partitions=2) for _ in range(5)]
+    acked = {p.name: produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
+             for p in pipes}
+    batches = {p.name: plan_next(engine, p.spec, broker.bootstrap_servers) for p in pipes}
+    lost = pipes[-1]  # its first records leave the log after planning, as retention would
+    produce(broker.bootstrap_servers, lost.topic, [(0, order_value(i)) for i in range(20, 30)])
+    delete_records(broker.bootstrap_servers, lost.topic, 0, 12)
+    turns, outcome = Turns(), {}
+
+    def stage(p):
+        try:
+            outcome[p.name] = process_batch(spark, engine, p.spec, batches[p.name].batch_id, db_url,
+                                            broker.bootstrap_servers, turns=turns)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            outcome[p.name] = exc
+    threads = [threading.Thread(target=stage, args=(p,)) for p in pipes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert turns.turns <= 2, turns.turns  # the first to arrive leads alone; the others wait and go together
+    assert isinstance(outcome[lost.name], DataLossError), outcome[lost.name]
+    for p in pipes[:-1]:
+        staged = outcome[p.name]
+        assert staged.status == "staged" and staged.records_read == 20, staged
+        commit_batch(engine, p.spec, staged.batch_id, staged.attempt)
+        assert_exactly_once(engine, p, broker.bootstrap_servers, good={(part, o) for part, o, _ in acked[p.name]},
+                            bad=set())
