@@ -73,6 +73,7 @@ class Feed(threading.Thread):
             self.producer.poll(0)
             self.stop.wait(tick)
         assert self.producer.flush(60) == 0
+        self.producer = None  # gone before the broker is: no reconnect noise
 
 
 class Peaks(threading.Thread):
@@ -158,6 +159,11 @@ def one(n: int, args) -> dict:
     peaks = Peaks(url, db, service.pid, int(broker.bootstrap.rsplit(":", 1)[1]))
     try:
         feed.start()
+        deadline = time.monotonic() + args.drain
+        while min(committed_by(engine, pipelines).values()) == 0:  # Spark started, every target made
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the service did not start every pipeline: {log.read_text()[-3000:]}")
+            time.sleep(0.5)
         time.sleep(args.warmup)
         with TreeSampler([service.pid]) as memory:
             peaks.start()
@@ -198,6 +204,13 @@ def one(n: int, args) -> dict:
             "turns": len(turns), "exactly_once": once}
 
 
+def committed_by(engine, pipelines: list[str]) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT pipeline, count(*) FROM ledger.batches WHERE status = 'committed' "
+                                      "GROUP BY 1")).all())
+    return {name: rows.get(name, 0) for name in pipelines}
+
+
 def committed(engine) -> int:
     with engine.connect() as conn:
         return conn.execute(text("SELECT count(*) FROM ledger.batches WHERE status = 'committed'")).scalar_one()
@@ -209,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=20.0, help="records a second into each pipeline's topic")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=60.0, help="the measured window")
-    parser.add_argument("--warmup", type=float, default=30.0, help="seconds fed before the window")
+    parser.add_argument("--warmup", type=float, default=20.0,
+                        help="seconds fed before the window, once every pipeline committed its first batch")
     parser.add_argument("--drain", type=float, default=300.0, help="at most this long to deliver the rest after it")
     parser.add_argument("--idle-seconds", type=float, default=0.2, help="the service's --idle-seconds")
     parser.add_argument("--master", default="local[2]")

@@ -11,7 +11,6 @@ for the metrics, lineage events, and the history upkeep the spec asks for with t
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -42,7 +41,7 @@ from ledgerbatch.ops.pause import pause_of
 from ledgerbatch.ops.warm_start import WarmStart
 from ledgerbatch.plan.live import plan_next
 from ledgerbatch.plan.replay import ReplayRequest, plan_replay, resolve_ranges
-from ledgerbatch.source import kafka, looks
+from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.sqlfiles import query
 from ledgerbatch.stage import stamps
@@ -102,15 +101,6 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
                  spark_factory: Callable | Session, max_batches: int | None = None, follow_idle_s: float | None = None,
                  stop: threading.Event | None = None, backoff: Backoff = Backoff(),
                  upkeep_every_s: float = UPKEEP_EVERY_S) -> RunSummary:
-    # a follower looks at Kafka every follow_idle_s: through one long-lived consumer (source/looks.py)
-    with looks.shared() if follow_idle_s is not None else contextlib.nullcontext():
-        return _run(engine, spec, db_url, bootstrap_servers, spark_factory, max_batches, follow_idle_s, stop, backoff,
-                    upkeep_every_s)
-
-
-def _run(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_servers: str, spark_factory: Callable | Session,
-         max_batches: int | None, follow_idle_s: float | None, stop: threading.Event | None, backoff: Backoff,
-         upkeep_every_s: float) -> RunSummary:
     session = spark_factory if isinstance(spark_factory, Session) else Session(spark_factory)
     summary, started, idle = RunSummary(), time.monotonic(), False
     stop = stop or threading.Event()

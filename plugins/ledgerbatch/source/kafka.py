@@ -8,7 +8,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from ledgerbatch.errors import ConfigError, UnavailableError
 from ledgerbatch.model.ranges import TopicPartition as TP
 from ledgerbatch.model.ranges import Watermarks
-from ledgerbatch.source import looks
 from ledgerbatch.source.client_settings import SAFETY
 
 METADATA_TIMEOUT_S = 15.0
@@ -29,31 +28,28 @@ EARLIEST, LATEST = -2, -1
 
 def watermarks(bootstrap_servers: str, topics: tuple[str, ...], options: dict[str, str] | None = None) -> dict[TP, Watermarks]:
     """Log start and last stable offset (read_committed end) of every partition of `topics`: one ListOffsets
-    request a kind for all of them (a request per partition took 89-214 ms for 32, against 62-75 ms), on a
-    shared consumer while a follower or a service runs (looks.py)."""
+    request a kind for all of them (a request per partition took 89-214 ms for 32, against 62-75 ms)."""
+    consumer = Consumer(consumer_config(bootstrap_servers, options))
     try:
-        with looks.consumer_for(consumer_config(bootstrap_servers, options)) as consumer:
-            return _watermarks(consumer, bootstrap_servers, topics)
+        partitions = []
+        for topic in topics:
+            metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+            if metadata is None or metadata.error is not None or not metadata.partitions:
+                reason = metadata.error.str() if metadata is not None and metadata.error else "no partitions"
+                message = f"topic {topic!r} is not available on {bootstrap_servers}: {reason}"
+                if metadata is not None and metadata.error is not None and (
+                        metadata.error.retriable() or metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    # no leader while a broker restarts; a topic unknown while no broker answers (librdkafka's
+                    # cache says so): a follower waits, a fresh run (which has never read it) stops
+                    raise UnavailableError(message, "Kafka")
+                raise ConfigError(message)
+            partitions += [(topic, p) for p in sorted(metadata.partitions)]
+        low, high = (_list_offsets(consumer, partitions, spec) for spec in (EARLIEST, LATEST))
+        return {tp: Watermarks(low[tp], high[tp]) for tp in partitions}
     except KafkaException as exc:
         raise UnavailableError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}", "Kafka") from None
-
-
-def _watermarks(consumer, bootstrap_servers: str, topics: tuple[str, ...]) -> dict[TP, Watermarks]:
-    partitions = []
-    for topic in topics:
-        metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
-        if metadata is None or metadata.error is not None or not metadata.partitions:
-            reason = metadata.error.str() if metadata is not None and metadata.error else "no partitions"
-            message = f"topic {topic!r} is not available on {bootstrap_servers}: {reason}"
-            if metadata is not None and metadata.error is not None and (
-                    metadata.error.retriable() or metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-                # no leader while a broker restarts; a topic unknown while no broker answers (librdkafka's
-                # cache says so): a follower waits, a fresh run (which has never read it) stops
-                raise UnavailableError(message, "Kafka")
-            raise ConfigError(message)
-        partitions += [(topic, p) for p in sorted(metadata.partitions)]
-    low, high = (_list_offsets(consumer, partitions, spec) for spec in (EARLIEST, LATEST))
-    return {tp: Watermarks(low[tp], high[tp]) for tp in partitions}
+    finally:
+        consumer.close()
 
 
 def _list_offsets(consumer, partitions: list[TP], spec: int) -> dict[TP, int]:
@@ -68,11 +64,13 @@ def offsets_at(bootstrap_servers: str, ends: dict[TP, Watermarks], ms: int,
                options: dict[str, str] | None = None) -> dict[TP, int]:
     """Per partition of `ends`, the first offset whose record timestamp is at or after `ms` (Kafka's
     ListOffsets by time); the end offset where no record is that late."""
+    consumer = Consumer(consumer_config(bootstrap_servers, options))
     try:
-        with looks.consumer_for(consumer_config(bootstrap_servers, options)) as consumer:
-            found = _list_offsets(consumer, sorted(ends), ms)
+        found = _list_offsets(consumer, sorted(ends), ms)
     except KafkaException as exc:
         raise ConfigError(f"offset look-up by time failed: {exc.args[0].str()}; give offsets instead") from None
+    finally:
+        consumer.close()
     return {tp: ends[tp].high if offset < 0 else offset for tp, offset in found.items()}
 
 
