@@ -25,17 +25,25 @@ from ledgerbatch.stage.turns import Turns
 log = logging.getLogger(__name__)
 
 
-def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob, turns: Turns | None = None) -> None:
-    """Stage every range of the job; the batch is `staged` with its counts when this returns. With `turns`
-    (a service of many pipelines) a plain job is staged in a turn with other pipelines' (turns.py)."""
+def stage_batch(spark, engine: Engine, spec: PipelineSpec, job: StagingJob) -> None:
+    """Stage every range of the job; the batch is `staged` with its counts when this returns."""
     if spec.query is not None:
         _stage_query(spark, engine, spec, job)
     elif spec.transform:
         _stage_dataframe(spark, engine, spec, job)
-    elif turns is not None:
-        _mark_ranges(engine, job, turns.stage(spark, job, default_parallelism(spark)))
     else:
         _stage_direct(spark, engine, job)
+
+
+def plain(spec: PipelineSpec) -> bool:
+    """Whether the pipeline's batches are read, parsed and copied with no Spark plan of their own (no transform,
+    no query): those a service stages in turns."""
+    return spec.query is None and not spec.transform
+
+
+def stage_in_turn(spark, engine: Engine, job: StagingJob, turns: Turns) -> None:
+    """Stage a plain pipeline's job in a turn with other pipelines' (turns.py), as stage_batch would alone."""
+    _mark_ranges(engine, job, turns.stage(spark, job, default_parallelism(spark)))
 
 
 def _stage_direct(spark, engine: Engine, job: StagingJob) -> None:

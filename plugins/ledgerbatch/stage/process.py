@@ -24,7 +24,7 @@ from ledgerbatch.model.reconcile import Counts, check_error_budget
 from ledgerbatch.source.kafka import consumer_config
 from ledgerbatch.spec.pipeline import PipelineSpec, check_version
 from ledgerbatch.stage import transform
-from ledgerbatch.stage.driver import stage_batch
+from ledgerbatch.stage.driver import plain, stage_batch, stage_in_turn
 from ledgerbatch.stage.job import Parsing, StagingJob
 from ledgerbatch.stage.lease import AttemptLease, begin_own_attempt, wait_for_holder
 from ledgerbatch.stage.tables import StagingTables, drop_staging_quietly, open_staging
@@ -69,7 +69,10 @@ def process_batch(spark, engine: Engine, spec: PipelineSpec, batch_id: int, db_u
     )
     try:
         with AttemptLease(engine, batch_id, attempt):
-            stage_batch(spark, engine, spec, job, turns)
+            if turns is not None and plain(spec):
+                stage_in_turn(spark, engine, job, turns)
+            else:
+                stage_batch(spark, engine, spec, job)
     except Exception as exc:
         reason = spark_error_reason(exc)
         with engine.begin() as conn:
