@@ -22,11 +22,12 @@ from sqlalchemy.exc import DBAPIError
 from ledgerbatch.commit.modes.rollup import bound_partitions
 from ledgerbatch.commit.target import lock_target
 from ledgerbatch.commit.transaction import commit_batch
-from ledgerbatch.errors import OVER_BUDGET, LedgerbatchError, ReconcileError
+from ledgerbatch.errors import OVER_BUDGET, DataLossError, LedgerbatchError, ReconcileError, RowsRefusedError
 from ledgerbatch.model.batch import BatchStatus
 from ledgerbatch.ops.abandon import abandon_batch
 from ledgerbatch.ops.deep_verify import deep_verify
 from ledgerbatch.ops.history import compact, purge_quarantine, upkeep
+from ledgerbatch.ops.loss import acknowledge_loss
 from ledgerbatch.ops.offsets import Target, set_offsets
 from ledgerbatch.ops.pause import pause_pipeline, resume_pipeline
 from ledgerbatch.ops.verify import verify
@@ -68,8 +69,10 @@ class Simulation(RuleBasedStateMachine):
         self.model = None
         self.pipe = None
         self.paused = False
-        self.caps: dict[str, int] = {}  # batch.max_records / max_bytes in the spec now
-        self.errors = {"max_ratio": 1.0, "policy": "quarantine", "min_bad": 0}  # the spec's errors section now
+        self.batching: dict[str, int] = {}  # batch.max_records / max_bytes / min_records in the spec now
+        self.partitions = {"max": 2, "attach_min_rows": 4}  # an append target's target.partitions now
+        self.errors = {"max_ratio": 1.0, "policy": "quarantine", "min_bad": 0, "on_reject": "quarantine"}  # the
+        # spec's errors section now
         self.stranded: list[int] = []  # replays planned and walked away from (an interrupted `replay`)
         self._kafka = contextlib.ExitStack()
         self._kafka.enter_context(kafka_of(self.world))
@@ -90,7 +93,8 @@ class Simulation(RuleBasedStateMachine):
         self.pipe = staged.Pipe(self.directory, max_ratio=self.errors["max_ratio"], **PIPES[mode])
         extra = {"source": {"start": "latest"}}
         if mode == "append":
-            extra["target"] = {"partitions": {"max": 2, "attach_min_rows": attach_min_rows}}
+            self.partitions["attach_min_rows"] = attach_min_rows
+            extra["target"] = {"partitions": dict(self.partitions)}
         respec(self.pipe, **extra)
         for p in range(PARTITIONS):
             self.world.logs[p].kinds += ["good"] * first
@@ -111,6 +115,48 @@ class Simulation(RuleBasedStateMachine):
         limit = min(self.model.cursors.get(partition, log.high), self._open_from(partition))
         log.low = max(log.low, min(log.low + n, limit))
         self._drawn("retention")
+
+    @precondition(lambda self: self.model is not None and self.model.start)
+    @rule(partition=st.integers(0, PARTITIONS - 1), n=st.integers(1, 4))
+    def lose(self, partition, n):
+        """Retention passes `n` offsets the pipeline has not delivered (it was down too long): `run` stops with
+        a DataLossError; `acknowledge-loss` commits a staged open batch first (it needs nothing from Kafka),
+        abandons a planned one, records [cursor, log start) of each partition as lost and moves the cursor
+        there. A staged batch that fails (its error budget) is abandoned by the operator, who acknowledges
+        again."""
+        if "lose" in self.without:
+            return
+        log, open_id = self.world.logs[partition], self._open_live()
+        batch = None if open_id is None else staged.batch(self.engine, open_id)
+        cursor = self.model.cursors[partition]
+        if batch is not None and batch.status == BatchStatus.STAGED:
+            cursor = max([cursor] + [r.until_offset for r in batch.ranges if r.partition == partition])
+        if log.high <= cursor:
+            return
+        log.low = max(log.low, min(log.high, cursor + n))
+        self._drawn(f"lose:{batch.status if batch else 'no batch open'}")
+        if batch is None and not self.paused:  # a paused pipeline plans nothing, and so looks at no cursor
+            with contextlib.suppress(DataLossError):
+                self._plan_live()
+                raise AssertionError(f"offsets up to {log.low} of partition {partition} are gone, yet run went on")
+        if batch is not None and batch.status == BatchStatus.STAGED:
+            fails = self.model.fails(batch.ranges, **self.errors)
+            try:
+                lost = acknowledge_loss(self.engine, self.pipe.spec, SERVERS, by="sim", reason="retention")
+                assert not fails, f"batch {batch.batch_id} committed by acknowledge-loss, yet it must fail ({fails})"
+                self._delivered(batch)
+            except (ReconcileError, RowsRefusedError):
+                assert fails, f"acknowledge-loss could not commit staged batch {batch.batch_id}"
+                abandon_batch(self.engine, self.pipe.spec, batch.batch_id, by="sim", reason="failed")
+                lost = acknowledge_loss(self.engine, self.pipe.spec, SERVERS, by="sim", reason="retention")
+        else:
+            lost = acknowledge_loss(self.engine, self.pipe.spec, SERVERS, by="sim", reason="retention")
+        want = {p: (cur, self.world.logs[p].low) for p, cur in self.model.cursors.items() if cur < self.world.logs[p].low}
+        got = {r.partition: (r.from_offset, r.until_offset) for r in lost}
+        assert got == want, f"acknowledge-loss recorded {got} as lost, expected {want}"
+        for p, (_, low) in want.items():
+            self.model.cursors[p] = low
+        assert self._open_live() is None, "a live batch is still open after acknowledge-loss"
 
     # -- batches
 
@@ -144,24 +190,37 @@ class Simulation(RuleBasedStateMachine):
             self.model.start = {p: log.high for p, log in enumerate(self.world.logs)}
             self.model.cursors = dict(self.model.start)
         if batch is None:
-            assert self.paused or not self.model.pending(), f"no batch planned, yet {self.model.pending()} is pending"
+            assert self.paused or not self.model.pending() or self._held_back() is not False, \
+                f"no batch planned, yet {self.model.pending()} is pending"
             return None
         if open_before is not None:
             assert batch.batch_id == open_before, f"planned batch {batch.batch_id} while {open_before} is open"
             return batch
+        assert self._held_back() is not True, f"batch {batch.batch_id} planned, yet batch.min_records holds {self.batching} back"
         got = {r.partition: (r.from_offset, r.until_offset) for r in batch.ranges}
         pending = self.model.pending()
-        if not self.caps:
+        if not {"max_records", "max_records_per_partition", "max_bytes"} & set(self.batching):
             assert got == pending, f"planned {got}, expected {pending}"
             return batch
         # capped: from the cursors, within what is pending, at most max_records offsets in all
         assert got and all(p in pending and lo == pending[p][0] and lo < hi <= pending[p][1]
-                           for p, (lo, hi) in got.items()), f"planned {got} under {self.caps}, pending {pending}"
-        cap, per_partition = self.caps.get("max_records"), self.caps.get("max_records_per_partition")
+                           for p, (lo, hi) in got.items()), f"planned {got} under {self.batching}, pending {pending}"
+        cap, per_partition = self.batching.get("max_records"), self.batching.get("max_records_per_partition")
         assert cap is None or sum(hi - lo for lo, hi in got.values()) <= cap, f"planned {got}, over max_records {cap}"
         assert per_partition is None or all(hi - lo <= per_partition for lo, hi in got.values()), \
             f"planned {got}, over max_records_per_partition {per_partition}"
         return batch
+
+    def _held_back(self) -> bool | None:
+        """Whether batch.min_records holds the pending offsets back: fewer than it, and max_delay not reached
+        by the oldest record's age; None (either) where no pending offset holds a record (aborted
+        transactions'): then the wait is by the planner's own clock, which the simulation does not keep."""
+        pending = self.model.pending()
+        if not 0 < sum(hi - lo for lo, hi in pending.values()) < self.batching.get("min_records", 1):
+            return False
+        if self.batching.get("max_delay") == "1000d":
+            return True
+        return False if any(self.world.held(p, o) for p, (lo, hi) in pending.items() for o in range(lo, hi)) else None
 
     @rule(data=st.data(), partition=st.integers(0, PARTITIONS - 1), stop=st.sampled_from(["commit", "commit", "planned"]))
     def redeliver(self, data, partition, stop):
@@ -208,24 +267,30 @@ class Simulation(RuleBasedStateMachine):
         self._commit(batch)
 
     def _commit(self, batch) -> bool:
-        """Commit a staged batch, and what the model asks of it: a batch
-        over errors.max_ratio fails with its reason and changes nothing; the operator abandons it (it cannot
-        commit under another spec version), so its offsets are planned again."""
-        over = self.model.over_budget(batch.ranges, **self.errors)
+        """Commit a staged batch, and what the model asks of it: a batch over errors.max_ratio, or with a row
+        the target refuses under errors.on_reject fail, fails with its reason and changes nothing; the operator
+        abandons it (it cannot commit under another spec version), so its offsets are planned again."""
+        fails = self.model.fails(batch.ranges, **self.errors)
         try:
             commit_batch(self.engine, self.pipe.spec, batch.batch_id)
-        except ReconcileError as exc:
-            assert over and (OVER_BUDGET in str(exc) or "errors.policy is fail" in str(exc)), \
-                f"batch {batch.batch_id} failed: {exc}"
-            abandon_batch(self.engine, self.pipe.spec, batch.batch_id, by="sim", reason="over errors.max_ratio")
-            self._drawn("over_budget")
+        except (ReconcileError, RowsRefusedError) as exc:
+            why = "refused" if isinstance(exc, RowsRefusedError) else "budget"
+            assert fails == why and (why == "refused" or OVER_BUDGET in str(exc) or "errors.policy is fail" in str(exc)), \
+                f"batch {batch.batch_id} failed ({why}, the model says {fails}): {exc}"
+            assert why == "budget" or staged.batch(self.engine, batch.batch_id).status == BatchStatus.STAGED, \
+                f"batch {batch.batch_id}'s rows were refused, yet it is no longer staged"
+            abandon_batch(self.engine, self.pipe.spec, batch.batch_id, by="sim", reason=f"failed: {why}")
+            self._drawn(f"failed:{why}")
             return False
-        assert not over, f"batch {batch.batch_id} committed, yet its bad records are over {self.errors}"
+        assert not fails, f"batch {batch.batch_id} committed, yet it must fail ({fails}) under {self.errors}"
+        self._delivered(batch)
+        return True
+
+    def _delivered(self, batch) -> None:
         self.model.deliver(str(batch.kind), batch.ranges)
         if str(batch.kind) == "live":
             for r in batch.ranges:
                 self.model.cursors[r.partition] = r.until_offset
-        return True
 
     def _records(self, ranges) -> tuple[list[tuple], list[tuple]]:
         """What the executors would stage: good rows and bad records, as staged.fill takes them."""
@@ -280,8 +345,18 @@ class Simulation(RuleBasedStateMachine):
         with self.engine.connect() as conn:  # a rollup that gives way says so only in a log and a metric
             partitions = conn.execute(text("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(:t)"),
                                       {"t": f'public."{self.pipe.table}"'}).scalar_one()
-        assert partitions <= 2, f"{partitions} partitions after the rollup, over target.partitions.max 2"
+        bound = self.partitions["max"]
+        assert partitions <= bound, f"{partitions} partitions after the rollup, over target.partitions.max {bound}"
         self._drawn("rollup")
+
+    @precondition(lambda self: self.model is not None and self.model.mode == "append")
+    @rule(bound=st.sampled_from([2, 3, 4]))
+    def partition_bound(self, bound):
+        """target.partitions.max raised or lowered in the spec (an upkeep key: a batch open meanwhile still
+        commits); the next rollup brings the target within it."""
+        self.partitions["max"] = bound
+        respec(self.pipe, target={"partitions": dict(self.partitions)})
+        self._drawn(f"partition_bound:{bound}")
 
     @rule(why=st.just("retention"))
     def purge(self, why="retention"):
@@ -333,26 +408,30 @@ class Simulation(RuleBasedStateMachine):
             self.model.start[p] = min(self.model.start[p], to)  # back below the start: those are live offsets now
 
     @rule(caps=st.tuples(st.sampled_from([None, None, 1, 2, 5]), st.sampled_from([None, None, 1, 3]),
-                         st.sampled_from([None, None, 70, 300])))
+                         st.sampled_from([None, None, 70, 300]), st.sampled_from([None, None, 2, 4]),
+                         st.sampled_from(["1s", "1000d"])))
     def caps(self, caps):
-        """batch.max_records, max_records_per_partition and max_bytes changed between batches (a spec change:
-        only while no live batch is open, as one never commits under another spec version)."""
+        """batch.max_records, max_records_per_partition, max_bytes, min_records and max_delay changed between
+        batches (a spec change: only while no live batch is open, as one never commits under another spec
+        version). The records are days old: a max_delay of 1s never holds them back, one of 1000d always."""
         if self._open_live() is not None:
             return
         self._drawn("caps")
-        drawn = dict(zip(("max_records", "max_records_per_partition", "max_bytes"), caps))
+        drawn = dict(zip(("max_records", "max_records_per_partition", "max_bytes", "min_records", "max_delay"), caps))
+        if drawn["min_records"] is None or drawn["min_records"] > (drawn["max_records"] or drawn["min_records"]):
+            drawn["min_records"] = drawn["max_delay"] = None  # min_records is at most max_records
         respec(self.pipe, batch=drawn)
-        self.caps = {k: v for k, v in drawn.items() if v is not None}
+        self.batching = {k: v for k, v in drawn.items() if v is not None}
 
     @rule(errors=st.tuples(st.sampled_from([1.0, 0.2, 0.0]), st.sampled_from(["quarantine", "quarantine", "fail"]),
-                           st.sampled_from([0, 0, 2])))
+                           st.sampled_from([0, 0, 2]), st.sampled_from(["quarantine", "quarantine", "fail"])))
     def error_budget(self, errors):
-        """errors.max_ratio, errors.policy and errors.min_bad changed between batches: a batch over them fails
-        with its reason (machine._commit)."""
+        """errors.max_ratio, errors.policy, errors.min_bad and errors.on_reject changed between batches: a batch
+        over them, or with a row the target refuses under on_reject fail, fails with its reason (_commit)."""
         if self._open_live() is not None:
             return
         self._drawn("error_budget")
-        self.errors = dict(zip(("max_ratio", "policy", "min_bad"), errors))
+        self.errors = dict(zip(("max_ratio", "policy", "min_bad", "on_reject"), errors))
         respec(self.pipe, errors=self.errors)
 
     @rule(why=st.sampled_from(["maintenance", "an incident"]))
@@ -449,7 +528,7 @@ class Simulation(RuleBasedStateMachine):
         if batch.status == BatchStatus.PLANNED:
             self._finish(batch, "staged")
         self._drawn(f"interfere:{how}")
-        if how == "terminate" and not self.model.over_budget(batch.ranges, **self.errors):
+        if how == "terminate" and not self.model.fails(batch.ranges, **self.errors):
             os.environ["LEDGERBATCH_TERMINATE_AT"] = "before_commit"
             try:
                 commit_batch(self.engine, self.pipe.spec, batch.batch_id)

@@ -124,16 +124,24 @@ class Model:
         rec = self.world.record(*c)
         return (c[0], c[1], rec.key, value(rec, self.mode))
 
-    def over_budget(self, ranges, max_ratio: float, policy: str = "quarantine", min_bad: int = 0) -> bool:
-        """Whether a batch over `ranges` fails for its bad records (poison, or rows the target refuses): any
-        under errors.policy fail, else more than errors.min_bad of them and more than errors.max_ratio of the
-        records it reads."""
+    def fails(self, ranges, max_ratio: float, policy: str = "quarantine", min_bad: int = 0,
+              on_reject: str = "quarantine") -> str | None:
+        """Why a batch over `ranges` fails, or None: `budget` for its bad records (poison, or rows the target
+        refuses: any under errors.policy fail, else more than errors.min_bad of them and more than
+        errors.max_ratio of the records it reads), `refused` for a row the target refuses under
+        errors.on_reject fail (the commit checks the poison against the budget first, then publishes)."""
         read = [c for c in offsets(ranges) if self.world.held(*c)]
-        bad = sum(1 for c in read if self.world.record(*c) is None
-                  or self.world.record(*c).refused(self.rules, self.mode))
-        if bad and policy == "fail":
-            return True
-        return bool(read) and bad > min_bad and bad / len(read) > max_ratio
+        poison = sum(1 for c in read if self.world.record(*c) is None)
+        refused = sum(1 for c in read if self.world.record(*c) is not None
+                      and self.world.record(*c).refused(self.rules, self.mode))
+
+        def over(bad: int) -> bool:
+            return bool(bad) and (policy == "fail" or (bad > min_bad and bad / len(read) > max_ratio))
+        if over(poison):
+            return "budget"
+        if refused and on_reject == "fail":
+            return "refused"
+        return "budget" if over(poison + refused) else None
 
     def pending(self) -> dict[int, tuple[int, int]]:
         """The live ranges a new batch must plan: from each cursor to the log's end."""

@@ -3,7 +3,7 @@ failing round replays with LEDGERBATCH_SIM_SEED=<seed>). Hypothesis shrinks a fa
 one and prints it step by step.
 
     python -m tests.simulation.run --minutes 60 [--seed N] [--modes append,changes] [--keep-going]
-        [--without strand|tamper|interfere|offsets|KIND ...] [--no-shrink] [--examples 10] [--steps 40]
+        [--without strand|tamper|interfere|offsets|lose|KIND ...] [--no-shrink] [--examples 10] [--steps 40]
 """
 from __future__ import annotations
 
@@ -76,10 +76,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--modes", default=",".join(PIPES))
     parser.add_argument("--keep-going", action="store_true")
-    parser.add_argument("--without", choices=["strand", "tamper", "interfere", "offsets", "poison", "negative", "flagged",
+    parser.add_argument("--without", choices=["strand", "tamper", "interfere", "offsets", "lose", "poison", "negative", "flagged",
                                               "long", "tombstone", "aborted"],
                         action="append", default=[], help="to look past a fault found: strand, never walk away from "
-                        "a planned replay; tamper, interfere, offsets, never draw that rule; a record kind, never produced")
+                        "a planned replay; tamper, interfere, offsets, lose, never draw that rule; a record kind, never produced")
     parser.add_argument("--no-shrink", action="store_true", help="report a failing history as found, unshrunk")
     parser.add_argument("--examples", type=int, default=10, help="histories per round")
     parser.add_argument("--steps", type=int, default=40, help="steps per history, at most")

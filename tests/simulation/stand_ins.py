@@ -23,8 +23,8 @@ def offset_at(world: World, partition: int, ms: int) -> int:
 
 @contextlib.contextmanager
 def kafka_of(world: World):
-    """ledgerbatch.source.kafka's look-ups (and the planner's batch.max_bytes read) answered from `world`
-    while the block runs."""
+    """ledgerbatch.source.kafka's look-ups (watermarks, offsets and timestamps) and the planner's
+    batch.max_bytes read answered from `world` while the block runs."""
     def watermarks(bootstrap_servers, topics, options=None):
         return {(t, p): Watermarks(log.low, log.high) for t in topics for p, log in enumerate(world.logs)}
 
@@ -36,12 +36,16 @@ def kafka_of(world: World):
                                   [world.size(r.partition, o) for o in range(r.from_offset, r.until_offset)
                                    if world.held(r.partition, o)])], max_bytes) for r in ranges]
 
-    saved = kafka.watermarks, kafka.offsets_at, live.cap_bytes
-    kafka.watermarks, kafka.offsets_at, live.cap_bytes = watermarks, offsets_at, cap_bytes
+    def timestamps_at(bootstrap_servers, positions, options=None, timeout_s=10.0):
+        return {tp: next((timestamp_ms(o) for o in range(pos, world.logs[tp[1]].high) if world.held(tp[1], o)), None)
+                for tp, pos in positions.items()}
+
+    saved = kafka.watermarks, kafka.offsets_at, kafka.timestamps_at, live.cap_bytes
+    kafka.watermarks, kafka.offsets_at, kafka.timestamps_at, live.cap_bytes = watermarks, offsets_at, timestamps_at, cap_bytes
     try:
         yield
     finally:
-        kafka.watermarks, kafka.offsets_at, live.cap_bytes = saved
+        kafka.watermarks, kafka.offsets_at, kafka.timestamps_at, live.cap_bytes = saved
 
 
 @contextlib.contextmanager

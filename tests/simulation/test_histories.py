@@ -182,3 +182,27 @@ def test_a_standing_backfill_below_the_replay_horizon_is_read_again(sim):
     abandon_batch(s.engine, s.pipe.spec, read.batch_id, "the test", "verify --deep's read, left behind")
     s.agrees()
     s.teardown()
+
+
+def test_acknowledged_loss_leaves_no_staging_of_the_batch_it_abandons(sim):
+    """Found by the random search once `lose` was drawn: a live batch planned and its attempt begun (a
+    process killed while it read), then retention deletes its offsets. acknowledge-loss abandoned the batch
+    but left its attempt's staging tables, which verify named orphans ever after."""
+    s = sim("append")
+    step(s, s.live, "commit")
+    produce(s, 0, "good", "good", "good")
+    step(s, s.live, "planned")
+    step(s, s.lose, 0, 2)
+    s.teardown()
+
+
+def test_data_loss_is_reported_while_min_records_waits(sim):
+    """Found by the random search (`--modes changes`, LEDGERBATCH_SIM_SEED=749141806): with batch.min_records
+    4 and a long max_delay, a cursor that retention passed counted as offsets pending; fewer than 4, so `run`
+    waited for more (up to max_delay) instead of stopping with the DataLossError that says what was lost."""
+    s = sim("changes")
+    step(s, s.live, "commit")
+    produce(s, 1, "good", "good")
+    step(s, s.caps, (None, None, None, 4, "1000d"))
+    step(s, s.lose, 1, 1)
+    s.teardown()

@@ -21,6 +21,7 @@ from ledgerbatch.model.batch import BatchStatus
 from ledgerbatch.model.ranges import OffsetRange
 from ledgerbatch.source import kafka
 from ledgerbatch.spec.pipeline import PipelineSpec
+from ledgerbatch.stage.tables import drop_finished_staging
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ def acknowledge_loss(engine: Engine, spec: PipelineSpec, bootstrap_servers: str,
             if not record_lost_range(conn, spec.name, r, by, reason):
                 raise LedgerbatchError(f"{r}: the cursor moved meanwhile; run again")
             log.warning("%s: %d offsets lost, acknowledged by %s", r, r.span, by)
+    if open_id is not None:  # its attempt's staging tables, else verify names them orphans
+        drop_finished_staging(engine, spec.name)
     return lost
 
 
