@@ -15,7 +15,8 @@ POINTS = ("after_plan", "mid_read", "after_stage", "before_commit", "after_commi
 
 def terminate_point(conn, name: str) -> None:
     """LEDGERBATCH_TERMINATE_AT=<point>: the database ends this connection's backend there
-    (pg_terminate_backend), as a failover or an operator would."""
+    (pg_terminate_backend), as a failover or an operator would. Points, each inside its transaction before
+    COMMIT: before_commit (a batch's commit), compaction_step, rollup_swap."""
     if os.environ.get("LEDGERBATCH_TERMINATE_AT") == name:
         print(f"fault injection: pg_terminate_backend at {name}", file=sys.stderr, flush=True)
         conn.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")

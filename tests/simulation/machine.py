@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from ledgerbatch.commit.modes.rollup import bound_partitions
+from ledgerbatch.commit.modes.rollup import bound_partitions, roll_up
 from ledgerbatch.commit.target import lock_target
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import OVER_BUDGET, DataLossError, LedgerbatchError, ReconcileError, RowsRefusedError
@@ -27,6 +27,7 @@ from ledgerbatch.model.batch import BatchStatus
 from ledgerbatch.ops.abandon import abandon_batch
 from ledgerbatch.ops.deep_verify import deep_verify
 from ledgerbatch.ops.history import compact, purge_quarantine, upkeep
+from ledgerbatch.ops import upkeep_failures
 from ledgerbatch.ops.loss import acknowledge_loss
 from ledgerbatch.ops.offsets import Target, set_offsets
 from ledgerbatch.ops.pause import pause_pipeline, resume_pipeline
@@ -85,6 +86,8 @@ class Simulation(RuleBasedStateMachine):
     @initialize(data=st.data(), attach_min_rows=st.integers(1, 4), first=st.integers(0, 6))
     def create(self, data, attach_min_rows, first):
         self.begin(data.draw(st.sampled_from(self.modes), label="mode"), attach_min_rows, first)
+        if self.model.mode == "append":  # a bound of 4 lets partitions stand that a lowered bound rolls up
+            self.partition_bound(data.draw(st.sampled_from([2, 4]), label="target.partitions.max"))
 
     def begin(self, mode: str, attach_min_rows: int = 4, first: int = 0) -> None:
         """A new pipeline that starts at the log's end: the `first` offsets of each partition are for backfills."""
@@ -342,9 +345,7 @@ class Simulation(RuleBasedStateMachine):
     def rollup(self, why="upkeep"):
         """The partition rollup the upkeep runs: merge until the target is within target.partitions.max."""
         bound_partitions(self.engine, self.pipe.spec)
-        with self.engine.connect() as conn:  # a rollup that gives way says so only in a log and a metric
-            partitions = conn.execute(text("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(:t)"),
-                                      {"t": f'public."{self.pipe.table}"'}).scalar_one()
+        partitions = self._partitions()  # a rollup that gives way says so only in a log and a metric
         bound = self.partitions["max"]
         assert partitions <= bound, f"{partitions} partitions after the rollup, over target.partitions.max {bound}"
         self._drawn("rollup")
@@ -558,6 +559,59 @@ class Simulation(RuleBasedStateMachine):
             releaser.join()
         assert not committed or time.monotonic() - started >= delay * 0.9, f"the commit did not wait for the {how} held"
 
+    @precondition(lambda self: self.pipe is not None)
+    @rule(what=st.tuples(st.sampled_from(["compaction", "rollup"]), st.sampled_from(["terminate", "target_lock"]),
+                         st.sampled_from([0.05, 0.3])))
+    def interfere_upkeep(self, what):
+        """Compaction (`compact --before` now) or an append target's partition rollup while something gets in
+        its way: its connection killed (pg_terminate_backend) inside a step's or the swap's transaction
+        (LEDGERBATCH_TERMINATE_AT=compaction_step / rollup_swap: it rolls back whole, nothing changes; the next
+        one goes on), or a second connection holding the commit lock, released after `delay` (it waits). A
+        rollup's bound is lowered to 2 first: every commit rolls up, so only a lowered bound leaves it work."""
+        which, how, delay = what
+        if "interfere" in self.without or (which == "rollup" and self.model.mode != "append"):
+            return
+        variant = f"interfere_upkeep:{which}:{how}"
+        if which == "rollup":
+            self.partition_bound(2)
+            variant += "" if self._partitions() > 2 else ":nothing to roll up"
+        self._drawn(variant)
+        if how == "terminate":
+            os.environ["LEDGERBATCH_TERMINATE_AT"] = f"{which}_step" if which == "compaction" else "rollup_swap"
+            try:
+                if which == "compaction":
+                    with contextlib.suppress(DBAPIError):  # none when nothing was there to fold
+                        compact(self.engine, self.pipe.spec, datetime.now(timezone.utc) + timedelta(seconds=1))
+                else:
+                    roll_up(self.engine, self.pipe.spec)  # gives way: logged and counted, never raised
+            finally:
+                del os.environ["LEDGERBATCH_TERMINATE_AT"]
+            upkeep_failures.worked(self.pipe.name, which)  # its rest after a failure (5 s) has passed
+        else:
+            holder = self.engine.connect()
+            tx = holder.begin()
+            lock_target(holder, self.pipe.spec)
+
+            def release():
+                tx.rollback()
+                holder.close()
+            releaser = threading.Timer(delay, release)
+            started = time.monotonic()
+            releaser.start()
+            try:
+                if which == "compaction":
+                    done = compact(self.engine, self.pipe.spec, datetime.now(timezone.utc) + timedelta(seconds=1))
+                    self.model.compacted |= done.batches > 0
+                    assert not done.batches or time.monotonic() - started >= delay * 0.9, \
+                        "compaction folded while the commit lock was held"
+                else:
+                    roll_up(self.engine, self.pipe.spec)
+            finally:
+                releaser.join()
+            upkeep_failures.worked(self.pipe.name, which)
+        if which == "rollup":
+            self.rollup()  # within the bound again
+
     def _stale_attempt(self, batch) -> None:
         """Attempt 1 begins; while its lease is fresh no other attempt may begin; an hour later another does;
         attempt 1 comes back with its result, which is refused (fenced), and changes nothing."""
@@ -630,6 +684,11 @@ class Simulation(RuleBasedStateMachine):
         assert not left, f"batches left unfolded an hour later: {left}"
         self.agrees()
         self._drawn("settle")
+
+    def _partitions(self) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(:t)"),
+                                {"t": f'public."{self.pipe.table}"'}).scalar_one()
 
     def _quarantine(self) -> dict:
         with self.engine.connect() as conn:

@@ -206,3 +206,28 @@ def test_data_loss_is_reported_while_min_records_waits(sim):
     step(s, s.caps, (None, None, None, 4, "1000d"))
     step(s, s.lose, 1, 1)
     s.teardown()
+
+
+def test_upkeep_interrupted_inside_its_transactions(sim):
+    """The rollup's swap and a compaction step, each with its connection killed before COMMIT
+    (LEDGERBATCH_TERMINATE_AT), or made to wait for a commit lock held elsewhere: nothing changes, nothing
+    wedges, and the next one brings the target within its lowered bound and folds history. (The random search
+    draws these too; it rarely has partitions standing above a lowered bound, so this history makes them.)"""
+    s = sim("append", attach_min_rows=1)
+    step(s, s.live, "commit")
+    step(s, s.partition_bound, 4)
+    for _ in range(4):
+        produce(s, 0, "good", "good")
+        step(s, s.run)
+    assert s._partitions() == 4
+    step(s, s.interfere_upkeep, ("rollup", "terminate", 0.05))
+    for _ in range(2):
+        step(s, s.partition_bound, 4)
+        produce(s, 1, "good", "good")
+        step(s, s.run)
+        step(s, s.run)
+        step(s, s.interfere_upkeep, ("rollup", "target_lock", 0.3))
+    step(s, s.interfere_upkeep, ("compaction", "terminate", 0.05))
+    step(s, s.interfere_upkeep, ("compaction", "target_lock", 0.3))
+    assert s.model.compacted
+    s.teardown()

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 from ledgerbatch.commit.modes.catalog import mode_for
 from ledgerbatch.commit.modes.rollup import Rollup, bound_partitions
 from ledgerbatch.commit.target import lock_target
+from ledgerbatch.faults import terminate_point
 from ledgerbatch.ledger import compaction
 from ledgerbatch.ledger.sql import run
 from ledgerbatch.ops.abandon import Stranded, abandon_stranded
@@ -73,6 +74,7 @@ def compact(engine: Engine, spec: PipelineSpec, before: datetime, step_batches: 
                 break
             forgotten, horizon = mode_for(spec).fold_history(conn, spec, step.through)
             batches += compaction.fold(conn, spec.name, step, forgotten, horizon)
+            terminate_point(conn, "compaction_step")
             deletes += forgotten
         steps, longest = steps + 1, max(longest, time.monotonic() - step_started)
     if not steps:

@@ -47,6 +47,7 @@ from ledgerbatch.commit.modes.partitions import MAX_PARTITIONS, Partition, plan_
 from ledgerbatch.commit.modes.rollup_watchdog import Watchdog, watching
 from ledgerbatch.commit.target import table_exists
 from ledgerbatch.errors import LedgerbatchError
+from ledgerbatch.faults import terminate_point
 from ledgerbatch.identifiers import quote_ident
 from ledgerbatch.ops.upkeep_failures import giving_way, resting
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -202,6 +203,7 @@ def _copy_and_swap(conn: Connection, spec: PipelineSpec, target: dict, lock: dic
         spec.target_table, run[0].lower), **target)), {"lower": run[0].lower, "upper": run[-1].upper})
     if _waiting_on_me(conn):  # e.g. a REPEATABLE READ reader that took its snapshot before, blocked by the swap
         raise RollupGaveWay("a reader of the target waits for the swap: its snapshot would not see the merged rows")
+    terminate_point(conn, "rollup_swap")
 
 
 def _await_snapshots(conn: Connection, before: str) -> None:
