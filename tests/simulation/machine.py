@@ -642,7 +642,8 @@ class Simulation(RuleBasedStateMachine):
         got = staged.target(self.engine, self.pipe) or []
         got = [t[:-1] for t in got]
         want = self.model.target()
-        assert got == want, f"target differs from the model:\n got {_short(got)}\nwant {_short(want)}"
+        if got != want:
+            self._differs(got, want)
         assert self._quarantine() == self.model.quarantine, \
             f"quarantine differs:\n got {self._quarantine()}\nwant {self.model.quarantine}"
         if self.model.start:
@@ -689,6 +690,26 @@ class Simulation(RuleBasedStateMachine):
         with self.engine.connect() as conn:
             return conn.execute(text("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(:t)"),
                                 {"t": f'public."{self.pipe.table}"'}).scalar_one()
+
+    def _differs(self, got: list[tuple], want: list[tuple]) -> None:
+        """The target differs from the model: raised from a line of its own per kind of difference. Hypothesis
+        tells bugs apart by where they raise, and looks on for other bugs once it found one: faults that
+        differ so are each found and shrunk, not masked by the first (on dd99b59 the rows a NOT VALID CHECK
+        let in hid the rollup it wedged)."""
+        extra, missing = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+        shown = f"\n got {_short(got)}\nwant {_short(want)}"
+        records = [] if self.model.mode == "aggregate" else extra  # an aggregate's rows are groups, not records
+        refused = [r for r in records if r[1] < self.world.logs[r[0]].high and (rec := self.world.record(r[0], r[1]))
+                   and rec.refused(self.model.rules, self.model.mode)]
+        if len(got) != len(set(got)):
+            raise AssertionError(f"the target holds a row twice:{shown}")
+        if refused:
+            raise AssertionError(f"the target holds rows its rules refuse: {_short(refused)}{shown}")
+        if extra and not missing:
+            raise AssertionError(f"the target holds rows the model does not: {_short(extra)}{shown}")
+        if missing and not extra:
+            raise AssertionError(f"the target lacks rows: {_short(missing)}{shown}")
+        raise AssertionError(f"the target's rows differ from the model's:{shown}")
 
     def _quarantine(self) -> dict:
         with self.engine.connect() as conn:
