@@ -540,12 +540,20 @@ class Simulation(RuleBasedStateMachine):
                 del os.environ["LEDGERBATCH_TERMINATE_AT"]
             assert staged.batch(self.engine, batch.batch_id).status == BatchStatus.STAGED
             return
+        with self._held(how, delay, batch.batch_id) as started:
+            committed = self._commit(batch)
+        assert not committed or time.monotonic() - started >= delay * 0.9, f"the commit did not wait for the {how} held"
+
+    @contextlib.contextmanager
+    def _held(self, how: str, delay: float, batch_id: int | None = None):
+        """A second connection holds the commit lock (`target_lock`) or the batch's ranges, released from a
+        thread after `delay` seconds; yields when it began holding."""
         holder = self.engine.connect()
         tx = holder.begin()
         if how == "target_lock":
             lock_target(holder, self.pipe.spec)
-        elif how == "ranges":
-            holder.execute(text("SELECT 1 FROM ledger.batch_ranges WHERE batch_id = :b FOR UPDATE"), {"b": batch.batch_id})
+        else:
+            holder.execute(text("SELECT 1 FROM ledger.batch_ranges WHERE batch_id = :b FOR UPDATE"), {"b": batch_id})
 
         def release():
             tx.rollback()
@@ -554,10 +562,9 @@ class Simulation(RuleBasedStateMachine):
         started = time.monotonic()
         releaser.start()
         try:
-            committed = self._commit(batch)
+            yield started
         finally:
             releaser.join()
-        assert not committed or time.monotonic() - started >= delay * 0.9, f"the commit did not wait for the {how} held"
 
     @precondition(lambda self: self.pipe is not None)
     @rule(what=st.tuples(st.sampled_from(["compaction", "rollup"]), st.sampled_from(["terminate", "target_lock"]),
@@ -588,17 +595,7 @@ class Simulation(RuleBasedStateMachine):
                 del os.environ["LEDGERBATCH_TERMINATE_AT"]
             upkeep_failures.worked(self.pipe.name, which)  # its rest after a failure (5 s) has passed
         else:
-            holder = self.engine.connect()
-            tx = holder.begin()
-            lock_target(holder, self.pipe.spec)
-
-            def release():
-                tx.rollback()
-                holder.close()
-            releaser = threading.Timer(delay, release)
-            started = time.monotonic()
-            releaser.start()
-            try:
+            with self._held(how, delay) as started:
                 if which == "compaction":
                     done = compact(self.engine, self.pipe.spec, datetime.now(timezone.utc) + timedelta(seconds=1))
                     self.model.compacted |= done.batches > 0
@@ -606,8 +603,6 @@ class Simulation(RuleBasedStateMachine):
                         "compaction folded while the commit lock was held"
                 else:
                     roll_up(self.engine, self.pipe.spec)
-            finally:
-                releaser.join()
             upkeep_failures.worked(self.pipe.name, which)
         if which == "rollup":
             self.rollup()  # within the bound again
