@@ -79,6 +79,23 @@ def test_lag_gauges_in_offsets_and_seconds():
     assert 4 < got["ledgerbatch.lag.newest_delivered.age"]["1"] < 15
 
 
+def test_lag_gauges_follow_the_specs_that_run():
+    """A measure replaces the pipeline's partitions (a topic taken out of its spec goes); a pipeline removed
+    from a service is forgotten; the others stay."""
+    reader = InMemoryMetricReader()
+    m = Metrics([reader])
+    m.lag([PartitionLag("orders", "orders", 0, 3, None, None), PartitionLag("orders", "old", 0, 7, None, None),
+           PartitionLag("payments", "payments", 0, 1, None, None)])
+    m.lag([PartitionLag("orders", "orders", 0, 4, None, None)])
+
+    def lags():
+        return sorted((a["ledgerbatch.pipeline"], a["messaging.destination.name"], v)
+                      for a, v in points(reader).get("ledgerbatch.lag.offsets", []))
+    assert lags() == [("orders", "orders", 4), ("payments", "payments", 1)]
+    m.forget("orders")
+    assert lags() == [("payments", "payments", 1)]
+
+
 def test_errors_are_counted_by_type_and_still_raised():
     reader = InMemoryMetricReader()
     m = Metrics([reader])

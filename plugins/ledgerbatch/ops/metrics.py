@@ -135,9 +135,19 @@ class Metrics:
             self.outage_seconds.add(seconds, attrs)
 
     def lag(self, lags: Iterable[PartitionLag]) -> None:
+        """Each pipeline's lag as measured now, in place of what it was (a topic taken out of its spec goes)."""
+        lags = list(lags)
         with self._lock:
+            for key in [k for k in self._lags if k[0] in {lag.pipeline for lag in lags}]:
+                del self._lags[key]
             for lag in lags:
                 self._lags[(lag.pipeline, lag.topic, lag.partition)] = lag
+
+    def forget(self, pipeline: str) -> None:
+        """A pipeline no longer run here (its spec removed from a service): its lag gauges go."""
+        with self._lock:
+            for key in [k for k in self._lags if k[0] == pipeline]:
+                del self._lags[key]
 
     def flush(self) -> None:
         with _guarded("flush"):
@@ -189,6 +199,12 @@ def metrics(in_airflow: bool = False) -> Metrics:
     if _metrics is None:
         _metrics = Metrics(_otlp_readers(in_airflow))
     return _metrics
+
+
+def forget_pipeline(pipeline: str) -> None:
+    """Metrics.forget, where instruments were built."""
+    if _metrics is not None:
+        _metrics.forget(pipeline)
 
 
 def record_lag(engine, spec, bootstrap_servers: str, in_airflow: bool = False) -> None:

@@ -29,6 +29,7 @@ from typing import Callable
 from sqlalchemy.engine import Engine
 
 from ledgerbatch.ledger.batches import get_batch, open_live_batch_id
+from ledgerbatch.ops.metrics import forget_pipeline
 from ledgerbatch.ops.outages import Backoff
 from ledgerbatch.ops.run import RunSummary, Session, run_pipeline
 from ledgerbatch.spec.pipeline import PipelineSpec
@@ -141,6 +142,7 @@ class Service:
             due = f.error is None or now - f.ended_at >= self.retry_stopped_s
             if spec is None:
                 del self.followers[name]
+                forget_pipeline(name)  # else its last lag stays exported, as if it still lagged
             elif changed and self._open_under(f.spec):
                 if due:
                     log.info("%s: a batch planned under spec version %s is open: finishing it under that version "
