@@ -85,6 +85,19 @@ def test_build_dags_reports_what_it_left_out(pipelines):
     assert all(item.reason for item in left_out)
 
 
+def test_process_tasks_run_in_the_spark_pool_when_one_is_named(pipelines, monkeypatch):
+    """LEDGERBATCH_SPARK_POOL puts every `process` task (the Spark work), and only those, in that Airflow pool."""
+    from ledgerbatch.airflow.factory import build_dags
+
+    assert build_dags(pipelines)["ledgerbatch_good"].get_task("process").pool == "default_pool"
+    monkeypatch.setenv("LEDGERBATCH_SPARK_POOL", "ledgerbatch_spark")
+    dags = build_dags(pipelines)
+    pools = {(dag_id, t.task_id): t.pool for dag_id, dag in dags.items() for t in dag.tasks}
+    assert {k for k, pool in pools.items() if pool == "ledgerbatch_spark"} == {
+        ("ledgerbatch_good", "process"), ("ledgerbatch_backfill", "process")}
+    assert all(pool == "default_pool" for k, pool in pools.items() if k[1] != "process")
+
+
 def test_a_dag_that_fails_to_build_is_not_autoregistered(pipelines, monkeypatch):
     """Any error while building one pipeline's DAG (not only the schedule) leaves that one out."""
     from airflow.sdk.definitions._internal.contextmanager import DagContext

@@ -136,6 +136,13 @@ def schedule_of(spec: PipelineSpec, directory: Path):
     return spec.schedule or DEFAULT_SCHEDULE
 
 
+def spark_pool() -> dict:
+    """LEDGERBATCH_SPARK_POOL: the Airflow pool every `process` task (the Spark work) runs in, one slot each,
+    so that its slots cap how many batches stage at once across all pipelines (docs/operations.md)."""
+    pool = os.environ.get("LEDGERBATCH_SPARK_POOL", "").strip()
+    return {"pool": pool} if pool else {}
+
+
 def pipeline_dag(spec: PipelineSpec, directory: Path, hook: LedgerHook | None = None) -> DAG:
     common = dict(pipeline=spec.name, pipelines_dir=str(directory))
     asset = target_asset(spec, hook)
@@ -158,7 +165,8 @@ def pipeline_dag(spec: PipelineSpec, directory: Path, hook: LedgerHook | None = 
                   if spec.event_driven else ""),
     ) as dag:
         plan = PlanBatchOperator(task_id="plan", doc_md=TASK_DOCS["plan"], **common)
-        process = ProcessBatchOperator(task_id="process", batch_id=BATCH_ID, doc_md=TASK_DOCS["process"], **common)
+        process = ProcessBatchOperator(task_id="process", batch_id=BATCH_ID, doc_md=TASK_DOCS["process"],
+                                       **spark_pool(), **common)
         commit = CommitBatchOperator(task_id="commit", batch_id=BATCH_ID, doc_md=TASK_DOCS["commit"],
                                      outlets=[asset] if asset else [], **common)
         verify = VerifyOperator(task_id="verify", doc_md=TASK_DOCS["verify"], retries=0, **common)
@@ -216,7 +224,8 @@ def backfill_dag(specs: list[PipelineSpec], directory: Path, left_out: list[Left
         plan = PlanReplayOperator(task_id="plan", request="{{ params | tojson }}",
                                   doc_md="Resolve the request to offset ranges and record a replay/backfill batch.",
                                   **common)
-        process = ProcessBatchOperator(task_id="process", batch_id=BATCH_ID, doc_md=TASK_DOCS["process"], **common)
+        process = ProcessBatchOperator(task_id="process", batch_id=BATCH_ID, doc_md=TASK_DOCS["process"],
+                                       **spark_pool(), **common)
         commit = CommitBatchOperator(task_id="commit", batch_id=BATCH_ID, dry_run="{{ params.dry_run }}",
                                      doc_md="Replace the target rows of the replayed coordinates in one "
                                             "transaction, or with dry_run report the diff and abandon the batch. "
