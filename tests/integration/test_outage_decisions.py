@@ -142,6 +142,30 @@ def follower(monkeypatch, caplog):
     return follow
 
 
+def test_a_follower_started_while_the_database_is_away_waits_for_it(engine, db_url, make_pipe, follower, monkeypatch,
+                                                                    caplog):
+    """Its start-up (the warm-up, the staging tables left behind) is inside the outage handling: a service
+    started during an outage waits it out, as it would later, instead of stopping each of its pipelines."""
+    p = make_pipe(mode="append")
+    s = staged_batch(engine, p, {0: (0, 1)}, good=[(0, 0, "o-0", "1.00")])
+    starts = []
+
+    class DatabaseAwayAtFirst(RunHook):
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def started(self, session):
+            starts.append(time.monotonic())
+            if len(starts) == 1:
+                create_engine(make_url(db_url).set(port=1)).connect()  # refused: the database's outage
+    monkeypatch.setattr(run_module, "WarmStart", DatabaseAwayAtFirst)
+    summary = follower(engine, p, db_url, 3.0)
+    assert len(starts) == 2 and summary.batches == 1
+    assert [row[-1] for row in target(engine, p)] == [s.batch_id]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("outage started: database unavailable" in line for line in lines), lines
+
+
 def test_a_batch_over_its_error_budget_ends_the_follower_with_the_budget_message(engine, db_url, make_pipe, follower,
                                                                                  monkeypatch, caplog):
     p = make_pipe(max_ratio=0.5)

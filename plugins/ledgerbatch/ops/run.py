@@ -111,11 +111,14 @@ def run_pipeline(engine: Engine, spec: PipelineSpec, db_url: str, bootstrap_serv
     # A follower waits out its dependencies' outages (ops/outages.py); a bounded run stops at the first.
     rider = OutageRider(spec.name, stop, backoff, metrics().outage) if following else None
     faults.arm()
-    drop_finished_staging(engine, spec.name)
-    hooks.started(session)
+    begun = False
     while not stop.is_set() and (max_batches is None or summary.batches < max_batches):
         used = session.spark  # the one a Spark outage below is about (another run may have renewed it since)
         try:
+            if not begun:  # inside the outage handling: a follower started while the database or Spark is
+                drop_finished_staging(engine, spec.name)  # away waits for it, as it would later
+                hooks.started(session)
+                begun = True
             hooks.between_batches()
             batch = plan(engine, spec, bootstrap_servers)
             if batch is None:
