@@ -11,12 +11,13 @@ import signal
 import sys
 
 POINTS = ("after_plan", "mid_read", "after_stage", "before_commit", "after_commit")
+TERMINATE_POINTS = ("before_commit", "compaction_step", "rollup_swap")
 
 
 def terminate_point(conn, name: str) -> None:
     """LEDGERBATCH_TERMINATE_AT=<point>: the database ends this connection's backend there
-    (pg_terminate_backend), as a failover or an operator would. Points, each inside its transaction before
-    COMMIT: before_commit (a batch's commit), compaction_step, rollup_swap."""
+    (pg_terminate_backend), as a failover or an operator would. TERMINATE_POINTS, each inside its transaction
+    before COMMIT: a batch's commit, a compaction step, the rollup's swap."""
     if os.environ.get("LEDGERBATCH_TERMINATE_AT") == name:
         print(f"fault injection: pg_terminate_backend at {name}", file=sys.stderr, flush=True)
         conn.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")
@@ -28,6 +29,9 @@ def arm() -> None:
     point = os.environ.get("LEDGERBATCH_CRASH_AT")
     if point and point not in POINTS:
         raise ValueError(f"LEDGERBATCH_CRASH_AT={point} is not a crash point ({', '.join(POINTS)})")
+    terminate = os.environ.get("LEDGERBATCH_TERMINATE_AT")
+    if terminate and terminate not in TERMINATE_POINTS:
+        raise ValueError(f"LEDGERBATCH_TERMINATE_AT={terminate} is not a point ({', '.join(TERMINATE_POINTS)})")
     if point:
         os.environ.setdefault("LEDGERBATCH_CRASH_PGID", str(os.getpgid(0)))
 

@@ -13,6 +13,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Callable
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -87,7 +88,7 @@ class Simulation(RuleBasedStateMachine):
     def create(self, data, attach_min_rows, first):
         self.begin(data.draw(st.sampled_from(self.modes), label="mode"), attach_min_rows, first)
         if self.model.mode == "append":  # a bound of 4 lets partitions stand that a lowered bound rolls up
-            self.partition_bound(data.draw(st.sampled_from([2, 4]), label="target.partitions.max"))
+            self._bound(data.draw(st.sampled_from([2, 4]), label="target.partitions.max"))
 
     def begin(self, mode: str, attach_min_rows: int = 4, first: int = 0) -> None:
         """A new pipeline that starts at the log's end: the `first` offsets of each partition are for backfills."""
@@ -125,8 +126,8 @@ class Simulation(RuleBasedStateMachine):
         """Retention passes `n` offsets the pipeline has not delivered (it was down too long): `run` stops with
         a DataLossError; `acknowledge-loss` commits a staged open batch first (it needs nothing from Kafka),
         abandons a planned one, records [cursor, log start) of each partition as lost and moves the cursor
-        there. A staged batch that fails (its error budget) is abandoned by the operator, who acknowledges
-        again."""
+        there. A staged batch that fails as it commits is acknowledged again: one failed by its error budget
+        is abandoned by acknowledge-loss, one whose rows the target refused (still staged) by the operator."""
         if "lose" in self.without:
             return
         log, open_id = self.world.logs[partition], self._open_live()
@@ -142,18 +143,13 @@ class Simulation(RuleBasedStateMachine):
             with contextlib.suppress(DataLossError):
                 self._plan_live()
                 raise AssertionError(f"offsets up to {log.low} of partition {partition} are gone, yet run went on")
-        if batch is not None and batch.status == BatchStatus.STAGED:
-            fails = self.model.fails(batch.ranges, **self.errors)
-            try:
-                lost = acknowledge_loss(self.engine, self.pipe.spec, SERVERS, by="sim", reason="retention")
-                assert not fails, f"batch {batch.batch_id} committed by acknowledge-loss, yet it must fail ({fails})"
-                self._delivered(batch)
-            except (ReconcileError, RowsRefusedError):
-                assert fails, f"acknowledge-loss could not commit staged batch {batch.batch_id}"
-                abandon_batch(self.engine, self.pipe.spec, batch.batch_id, by="sim", reason="failed")
-                lost = acknowledge_loss(self.engine, self.pipe.spec, SERVERS, by="sim", reason="retention")
-        else:
-            lost = acknowledge_loss(self.engine, self.pipe.spec, SERVERS, by="sim", reason="retention")
+
+        def acknowledge():
+            return acknowledge_loss(self.engine, self.pipe.spec, SERVERS, by="sim", reason="retention")
+        lost = []
+        if batch is None or batch.status != BatchStatus.STAGED or not self._commit(
+                batch, lambda: lost.extend(acknowledge()), keep_failed=True):
+            lost = acknowledge()
         want = {p: (cur, self.world.logs[p].low) for p, cur in self.model.cursors.items() if cur < self.world.logs[p].low}
         got = {r.partition: (r.from_offset, r.until_offset) for r in lost}
         assert got == want, f"acknowledge-loss recorded {got} as lost, expected {want}"
@@ -269,20 +265,22 @@ class Simulation(RuleBasedStateMachine):
             return
         self._commit(batch)
 
-    def _commit(self, batch) -> bool:
-        """Commit a staged batch, and what the model asks of it: a batch over errors.max_ratio, or with a row
-        the target refuses under errors.on_reject fail, fails with its reason and changes nothing; the operator
-        abandons it (it cannot commit under another spec version), so its offsets are planned again."""
+    def _commit(self, batch, commit: Callable[[], object] | None = None, keep_failed: bool = False) -> bool:
+        """Commit a staged batch (by `commit`: commit_batch, or what else commits it), and what the model asks
+        of it: a batch over errors.max_ratio, or with a row the target refuses under errors.on_reject fail,
+        fails with its reason and changes nothing; the operator abandons it (it cannot commit under another
+        spec version), so its offsets are planned again; `keep_failed`: not one failed by its budget."""
         fails = self.model.fails(batch.ranges, **self.errors)
         try:
-            commit_batch(self.engine, self.pipe.spec, batch.batch_id)
+            (commit or (lambda: commit_batch(self.engine, self.pipe.spec, batch.batch_id)))()
         except (ReconcileError, RowsRefusedError) as exc:
             why = "refused" if isinstance(exc, RowsRefusedError) else "budget"
             assert fails == why and (why == "refused" or OVER_BUDGET in str(exc) or "errors.policy is fail" in str(exc)), \
                 f"batch {batch.batch_id} failed ({why}, the model says {fails}): {exc}"
             assert why == "budget" or staged.batch(self.engine, batch.batch_id).status == BatchStatus.STAGED, \
                 f"batch {batch.batch_id}'s rows were refused, yet it is no longer staged"
-            abandon_batch(self.engine, self.pipe.spec, batch.batch_id, by="sim", reason=f"failed: {why}")
+            if not (keep_failed and why == "budget"):
+                abandon_batch(self.engine, self.pipe.spec, batch.batch_id, by="sim", reason=f"failed: {why}")
             self._drawn(f"failed:{why}")
             return False
         assert not fails, f"batch {batch.batch_id} committed, yet it must fail ({fails}) under {self.errors}"
@@ -355,9 +353,12 @@ class Simulation(RuleBasedStateMachine):
     def partition_bound(self, bound):
         """target.partitions.max raised or lowered in the spec (an upkeep key: a batch open meanwhile still
         commits); the next rollup brings the target within it."""
+        self._bound(bound)
+        self._drawn(f"partition_bound:{bound}")
+
+    def _bound(self, bound: int) -> None:
         self.partitions["max"] = bound
         respec(self.pipe, target={"partitions": dict(self.partitions)})
-        self._drawn(f"partition_bound:{bound}")
 
     @rule(why=st.just("retention"))
     def purge(self, why="retention"):
@@ -530,14 +531,9 @@ class Simulation(RuleBasedStateMachine):
             self._finish(batch, "staged")
         self._drawn(f"interfere:{how}")
         if how == "terminate" and not self.model.fails(batch.ranges, **self.errors):
-            os.environ["LEDGERBATCH_TERMINATE_AT"] = "before_commit"
-            try:
+            with self._terminating("before_commit"), contextlib.suppress(DBAPIError):
                 commit_batch(self.engine, self.pipe.spec, batch.batch_id)
                 raise AssertionError(f"batch {batch.batch_id} committed through pg_terminate_backend")
-            except DBAPIError:
-                pass
-            finally:
-                del os.environ["LEDGERBATCH_TERMINATE_AT"]
             assert staged.batch(self.engine, batch.batch_id).status == BatchStatus.STAGED
             return
         with self._held(how, delay, batch.batch_id) as started:
@@ -572,40 +568,70 @@ class Simulation(RuleBasedStateMachine):
     def interfere_upkeep(self, what):
         """Compaction (`compact --before` now) or an append target's partition rollup while something gets in
         its way: its connection killed (pg_terminate_backend) inside a step's or the swap's transaction
-        (LEDGERBATCH_TERMINATE_AT=compaction_step / rollup_swap: it rolls back whole, nothing changes; the next
-        one goes on), or a second connection holding the commit lock, released after `delay` (it waits). A
-        rollup's bound is lowered to 2 first: every commit rolls up, so only a lowered bound leaves it work."""
+        (LEDGERBATCH_TERMINATE_AT=compaction_step / rollup_swap): it fails, changing nothing, exactly when it
+        had something to do, and the next one goes on; or a second connection holds the commit lock, released
+        after `delay`: it waits, then does its work. A rollup's bound is lowered to 2 first: every commit
+        rolls up, so only a lowered bound leaves it work."""
         which, how, delay = what
         if "interfere" in self.without or (which == "rollup" and self.model.mode != "append"):
             return
-        variant = f"interfere_upkeep:{which}:{how}"
         if which == "rollup":
-            self.partition_bound(2)
-            variant += "" if self._partitions() > 2 else ":nothing to roll up"
-        self._drawn(variant)
+            self._bound(2)
+        work = self._partitions() > 2 if which == "rollup" else None  # compaction's: found by a plain one after
+        self._drawn(f"interfere_upkeep:{which}:{how}" + ("" if work is not False else ":nothing to roll up"))
+        cut = datetime.now(timezone.utc) + timedelta(seconds=1)
+        before = self._upkept()
         if how == "terminate":
-            os.environ["LEDGERBATCH_TERMINATE_AT"] = f"{which}_step" if which == "compaction" else "rollup_swap"
-            try:
-                if which == "compaction":
-                    with contextlib.suppress(DBAPIError):  # none when nothing was there to fold
-                        compact(self.engine, self.pipe.spec, datetime.now(timezone.utc) + timedelta(seconds=1))
+            with self._terminating("compaction_step" if which == "compaction" else "rollup_swap"):
+                if which == "rollup":
+                    assert roll_up(self.engine, self.pipe.spec) is None, "the rollup merged through its killed swap"
+                    killed = work
                 else:
-                    roll_up(self.engine, self.pipe.spec)  # gives way: logged and counted, never raised
-            finally:
-                del os.environ["LEDGERBATCH_TERMINATE_AT"]
+                    try:
+                        compact(self.engine, self.pipe.spec, cut)
+                        killed = False
+                    except DBAPIError:
+                        killed = True
+            assert self._upkept() == before, f"the {which} killed before its COMMIT changed the target or the ledger"
             upkeep_failures.worked(self.pipe.name, which)  # its rest after a failure (5 s) has passed
+            if which == "compaction":
+                done = compact(self.engine, self.pipe.spec, cut)
+                assert (done.batches > 0) == killed, f"compaction folded {done.batches} batches after a kill " \
+                                                     f"{'inside a step' if killed else 'with nothing to fold'}"
+                self.model.compacted |= done.batches > 0
         else:
-            with self._held(how, delay) as started:
+            with self._held("target_lock", delay) as started:
                 if which == "compaction":
-                    done = compact(self.engine, self.pipe.spec, datetime.now(timezone.utc) + timedelta(seconds=1))
-                    self.model.compacted |= done.batches > 0
-                    assert not done.batches or time.monotonic() - started >= delay * 0.9, \
-                        "compaction folded while the commit lock was held"
+                    did = compact(self.engine, self.pipe.spec, cut).batches > 0
+                    self.model.compacted |= did
                 else:
-                    roll_up(self.engine, self.pipe.spec)
-            upkeep_failures.worked(self.pipe.name, which)
+                    did = roll_up(self.engine, self.pipe.spec) is not None
+                    assert did == work, f"the rollup {'merged' if did else 'gave way'} under a held commit lock"
+            assert not did or time.monotonic() - started >= delay * 0.9, f"the {which} did not wait for the lock"
         if which == "rollup":
-            self.rollup()  # within the bound again
+            self.rollup()  # within the bound
+
+    @contextlib.contextmanager
+    def _terminating(self, point: str):
+        """pg_terminate_backend of the product's connection at `point` while the block runs."""
+        os.environ["LEDGERBATCH_TERMINATE_AT"] = point
+        try:
+            yield
+        finally:
+            del os.environ["LEDGERBATCH_TERMINATE_AT"]
+
+    def _upkept(self) -> tuple:
+        """What compaction and the rollup change: the target's partitions and rows, the ledger's batches and
+        checkpoints."""
+        with self.engine.connect() as conn:
+            partitions = conn.execute(text(
+                "SELECT array_agg(inhrelid::regclass::text ORDER BY inhrelid::regclass::text) FROM pg_inherits "
+                "WHERE inhparent = to_regclass(:t)"), {"t": f'public."{self.pipe.table}"'}).scalar_one()
+            batches = conn.execute(text("SELECT batch_id, status FROM ledger.batches WHERE pipeline = :p "
+                                        "ORDER BY batch_id"), {"p": self.pipe.name}).all()
+            checkpoints = conn.execute(text("SELECT to_jsonb(c)::text FROM ledger.checkpoints c WHERE pipeline = :p "
+                                            "ORDER BY 1"), {"p": self.pipe.name}).scalars().all()
+        return partitions, staged.target(self.engine, self.pipe), batches, checkpoints
 
     def _stale_attempt(self, batch) -> None:
         """Attempt 1 begins; while its lease is fresh no other attempt may begin; an hour later another does;

@@ -187,7 +187,7 @@ def test_a_standing_backfill_below_the_replay_horizon_is_read_again(sim):
 def test_acknowledged_loss_leaves_no_staging_of_the_batch_it_abandons(sim):
     """Found by the random search once `lose` was drawn: a live batch planned and its attempt begun (a
     process killed while it read), then retention deletes its offsets. acknowledge-loss abandoned the batch
-    but left its attempt's staging tables, which verify named orphans ever after."""
+    but left its attempt's staging tables, which verify named orphans until the next run dropped them."""
     s = sim("append")
     step(s, s.live, "commit")
     produce(s, 0, "good", "good", "good")

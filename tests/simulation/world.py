@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import random
+import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -24,7 +25,9 @@ KINDS = {
     "aggregate": ("good", "good", "poison", "aborted"),
 }
 FLAGGED = "13.00"  # the amount a user's trigger refuses
-EPOCH_MS = 1_795_000_000_000  # the first offset's Kafka timestamp; each offset a second later (offsets_for_times)
+# The first offset's Kafka timestamp, 30 days before the run began; each offset a second later (offsets_for_times,
+# batch.min_records' max_delay: the records are days old)
+EPOCH_MS = (int(time.time()) - 30 * 86_400) * 1000
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,10 @@ class Record:
     version: str  # the record's `ts`: out of offset order, never equal within a partition
 
     def refused(self, rules: Rules, mode: str) -> str | None:
-        """The SQLSTATE the target's rules refuse this row with, or None."""
+        """The SQLSTATE the target's rules refuse this row with, or None (a change pipeline's tombstone is a
+        delete, no row)."""
+        if self.amount is None and mode == "changes":
+            return None
         if len(self.key) > 2000 and (mode != "append" or rules.key_index):
             return "54000"  # index row size over the btree maximum (upsert's primary key, or a user's index)
         if rules.check and Decimal(self.amount or "0") <= 0:  # a tombstone is a row of 0.00 where it is no delete

@@ -23,7 +23,8 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict, object]]]
     """What the reader collected; not upkeep failures, which count for the whole process (ops/upkeep_failures.py:
     other tests in this process may have made some)."""
     out: dict[str, list] = {}
-    for rm in reader.get_metrics_data().resource_metrics:
+    data = reader.get_metrics_data()  # None when nothing is reported
+    for rm in data.resource_metrics if data else []:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 if m.name == "ledgerbatch.upkeep.failures":
@@ -69,8 +70,8 @@ def test_lag_gauges_in_offsets_and_seconds():
     m = Metrics([reader])
     import time
     now_ms = int(time.time() * 1000)
-    m.lag([PartitionLag("orders", "orders", 0, 30, now_ms - 120_000, now_ms - 125_000),
-           PartitionLag("orders", "orders", 1, 0, None, now_ms - 5_000)])
+    m.lag("orders", [PartitionLag("orders", "orders", 0, 30, now_ms - 120_000, now_ms - 125_000),
+                     PartitionLag("orders", "orders", 1, 0, None, now_ms - 5_000)])
     got = {name: {a["messaging.destination.partition.id"]: v for a, v in series}
            for name, series in points(reader).items()}
     assert got["ledgerbatch.lag.offsets"] == {"0": 30, "1": 0}
@@ -80,20 +81,22 @@ def test_lag_gauges_in_offsets_and_seconds():
 
 
 def test_lag_gauges_follow_the_specs_that_run():
-    """A measure replaces the pipeline's partitions (a topic taken out of its spec goes); a pipeline removed
-    from a service is forgotten; the others stay."""
+    """A measure replaces the pipeline's partitions (a topic taken out of its spec goes, also when none of its
+    topics has a cursor yet); a pipeline removed from a service is forgotten; the others stay."""
     reader = InMemoryMetricReader()
     m = Metrics([reader])
-    m.lag([PartitionLag("orders", "orders", 0, 3, None, None), PartitionLag("orders", "old", 0, 7, None, None),
-           PartitionLag("payments", "payments", 0, 1, None, None)])
-    m.lag([PartitionLag("orders", "orders", 0, 4, None, None)])
+    m.lag("orders", [PartitionLag("orders", "orders", 0, 3, None, None), PartitionLag("orders", "old", 0, 7, None, None)])
+    m.lag("payments", [PartitionLag("payments", "payments", 0, 1, None, None)])
+    m.lag("orders", [PartitionLag("orders", "orders", 0, 4, None, None)])
 
     def lags():
         return sorted((a["ledgerbatch.pipeline"], a["messaging.destination.name"], v)
                       for a, v in points(reader).get("ledgerbatch.lag.offsets", []))
     assert lags() == [("orders", "orders", 4), ("payments", "payments", 1)]
+    m.lag("payments", [])
+    assert lags() == [("orders", "orders", 4)]
     m.forget("orders")
-    assert lags() == [("payments", "payments", 1)]
+    assert lags() == []
 
 
 def test_errors_are_counted_by_type_and_still_raised():

@@ -134,20 +134,21 @@ class Metrics:
             self.outages.add(1, attrs)
             self.outage_seconds.add(seconds, attrs)
 
-    def lag(self, lags: Iterable[PartitionLag]) -> None:
-        """Each pipeline's lag as measured now, in place of what it was (a topic taken out of its spec goes)."""
-        lags = list(lags)
+    def lag(self, pipeline: str, lags: Iterable[PartitionLag]) -> None:
+        """The pipeline's lag as measured now, in place of what it was (a topic taken out of its spec goes)."""
         with self._lock:
-            for key in [k for k in self._lags if k[0] in {lag.pipeline for lag in lags}]:
-                del self._lags[key]
+            self._forget(pipeline)
             for lag in lags:
                 self._lags[(lag.pipeline, lag.topic, lag.partition)] = lag
 
     def forget(self, pipeline: str) -> None:
         """A pipeline no longer run here (its spec removed from a service): its lag gauges go."""
         with self._lock:
-            for key in [k for k in self._lags if k[0] == pipeline]:
-                del self._lags[key]
+            self._forget(pipeline)
+
+    def _forget(self, pipeline: str) -> None:
+        for key in [k for k in self._lags if k[0] == pipeline]:
+            del self._lags[key]
 
     def flush(self) -> None:
         with _guarded("flush"):
@@ -212,7 +213,7 @@ def record_lag(engine, spec, bootstrap_servers: str, in_airflow: bool = False) -
     m = metrics(in_airflow)
     if m.exporting:
         with _guarded("lag"):
-            m.lag(pipeline_lag(engine, spec, bootstrap_servers))
+            m.lag(spec.name, pipeline_lag(engine, spec, bootstrap_servers))
 
 
 def serve_prometheus(port: int, host: str = "127.0.0.1") -> Metrics:
@@ -246,7 +247,7 @@ def serve_lag(engine, specs: list, bootstrap_servers: str, port: int, host: str,
     while not stop.is_set():
         for spec in specs:
             with _guarded(f"{spec.name}'s lag"):
-                m.lag(pipeline_lag(engine, spec, bootstrap_servers))
+                m.lag(spec.name, pipeline_lag(engine, spec, bootstrap_servers))
         stop.wait(interval_s)
 
 

@@ -60,8 +60,8 @@ def filling(engine: Engine, spec: PipelineSpec, bootstrap_servers: str, ends: di
     """batch.min_records: fewer offsets pending than that, and the oldest has not waited batch.max_delay.
     Its wait is the older of its record's age and how long the planner has held it back (ledger.waits),
     so a producer whose clock runs ahead does not hold records back for longer than max_delay."""
-    if any(pos < ends[tp].low for tp, pos in positions.items() if tp in ends):
-        return False  # offsets deleted before delivery: plan_from stops with a DataLossError, never waits on them
+    if any(tp not in ends or not ends[tp].low <= pos <= ends[tp].high for tp, pos in positions.items()):
+        return False  # a cursor out of its log (offsets lost, a topic recreated): plan_from stops with why
     pending = {tp: pos for tp, pos in positions.items() if tp in ends and ends[tp].high > pos}
     total = sum(ends[tp].high - pos for tp, pos in pending.items())
     if not 0 < total < spec.min_records:
