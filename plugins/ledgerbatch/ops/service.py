@@ -13,9 +13,8 @@ dealt with: a loss acknowledged, a batch abandoned); it stops again if not.
 Their plain batches (no transform) are staged in turns (stage/turns.py): the batches that several pipelines'
 threads stage at one time go to Spark as one job, so the batches a second grow with the pipelines instead of
 each paying a Spark job's fixed cost. Their ledger connections share one pool (SQLAlchemy's: 5 kept, 10 more at
-once, waited for beyond that), whatever their number. Not yet (issue #53): each Kafka look is a consumer of its
-own (one long-lived consumer shared by all the pipelines' looks was tried: during a Kafka outage their 15 s
-metadata waits ran one after another, so a service of 100 pipelines took minutes to notice, and to stop).
+once, waited for beyond that), whatever their number; their end-offset looks are answered in rounds by one
+consumer a cluster (source/looks.py).
 """
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ from ledgerbatch.ledger.batches import get_batch, open_live_batch_id
 from ledgerbatch.ops.metrics import forget_pipeline
 from ledgerbatch.ops.outages import Backoff
 from ledgerbatch.ops.run import RunSummary, Session, run_pipeline
+from ledgerbatch.source import looks
 from ledgerbatch.spec.pipeline import PipelineSpec
 from ledgerbatch.stage.turns import Turns
 
@@ -110,6 +110,10 @@ class Service:
 
     def serve(self) -> dict[str, Follower]:
         """Follow the pipelines until `stop` is set, then let each finish the batch in hand; how each ended."""
+        with looks.shared():  # the pipelines' end-offset looks in rounds, one consumer a cluster (source/looks.py)
+            return self._serve()
+
+    def _serve(self) -> dict[str, Follower]:
         while True:
             try:
                 self.reconcile(self.specs())

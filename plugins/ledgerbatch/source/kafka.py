@@ -1,6 +1,7 @@
 """Kafka metadata through the ordinary confluent-kafka client: partitions and read_committed end offsets."""
 from __future__ import annotations
 
+import functools
 import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -8,6 +9,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from ledgerbatch.errors import ConfigError, UnavailableError
 from ledgerbatch.model.ranges import TopicPartition as TP
 from ledgerbatch.model.ranges import Watermarks
+from ledgerbatch.source import looks
 from ledgerbatch.source.client_settings import SAFETY
 
 METADATA_TIMEOUT_S = 15.0
@@ -28,28 +30,64 @@ EARLIEST, LATEST = -2, -1
 
 def watermarks(bootstrap_servers: str, topics: tuple[str, ...], options: dict[str, str] | None = None) -> dict[TP, Watermarks]:
     """Log start and last stable offset (read_committed end) of every partition of `topics`: one ListOffsets
-    request a kind for all of them (a request per partition took 89-214 ms for 32, against 62-75 ms)."""
-    consumer = Consumer(consumer_config(bootstrap_servers, options))
+    request a kind for all of them (a request per partition took 89-214 ms for 32, against 62-75 ms). While a
+    service runs, in a round with every other pipeline's look (looks.py)."""
+    conf = consumer_config(bootstrap_servers, options)
+    shared = looks.looker(conf, functools.partial(_round, bootstrap_servers))
+    if shared is not None:
+        return shared.look(tuple(topics))
+    consumer = Consumer(conf)
     try:
-        partitions = []
-        for topic in topics:
-            metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
-            if metadata is None or metadata.error is not None or not metadata.partitions:
-                reason = metadata.error.str() if metadata is not None and metadata.error else "no partitions"
-                message = f"topic {topic!r} is not available on {bootstrap_servers}: {reason}"
-                if metadata is not None and metadata.error is not None and (
-                        metadata.error.retriable() or metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-                    # no leader while a broker restarts; a topic unknown while no broker answers (librdkafka's
-                    # cache says so): a follower waits, a fresh run (which has never read it) stops
-                    raise UnavailableError(message, "Kafka")
-                raise ConfigError(message)
-            partitions += [(topic, p) for p in sorted(metadata.partitions)]
-        low, high = (_list_offsets(consumer, partitions, spec) for spec in (EARLIEST, LATEST))
-        return {tp: Watermarks(low[tp], high[tp]) for tp in partitions}
+        partitions = [tp for topic in topics for tp in _partitions(consumer, bootstrap_servers, topic)]
+        return _watermarks(consumer, bootstrap_servers, partitions)
     except KafkaException as exc:
-        raise UnavailableError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}", "Kafka") from None
+        raise _unreachable(bootstrap_servers, exc) from None
     finally:
         consumer.close()
+
+
+def _round(bootstrap_servers: str, consumer, topics: list[str]) -> dict:
+    """A round of shared looks (looks.py): topic -> its partitions' watermarks, or the topic's own error. Kafka
+    unreachable fails the round at its first topic, not after a wait per topic."""
+    found: dict = {}
+    for topic in topics:
+        try:
+            found[topic] = _partitions(consumer, bootstrap_servers, topic)
+        except (UnavailableError, ConfigError) as exc:
+            found[topic] = exc
+        except KafkaException as exc:
+            raise _unreachable(bootstrap_servers, exc) from None
+    try:
+        marks = _watermarks(consumer, bootstrap_servers, [tp for tps in found.values() if isinstance(tps, list)
+                                                          for tp in tps])
+    except KafkaException as exc:
+        raise _unreachable(bootstrap_servers, exc) from None
+    return {t: tps if isinstance(tps, Exception) else {tp: marks[tp] for tp in tps} for t, tps in found.items()}
+
+
+def _partitions(consumer, bootstrap_servers: str, topic: str) -> list[TP]:
+    metadata = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        reason = metadata.error.str() if metadata is not None and metadata.error else "no partitions"
+        message = f"topic {topic!r} is not available on {bootstrap_servers}: {reason}"
+        if metadata is not None and metadata.error is not None and (
+                metadata.error.retriable() or metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            # no leader while a broker restarts; a topic unknown while no broker answers (librdkafka's
+            # cache says so): a follower waits, a fresh run (which has never read it) stops
+            raise UnavailableError(message, "Kafka")
+        raise ConfigError(message)
+    return [(topic, p) for p in sorted(metadata.partitions)]
+
+
+def _watermarks(consumer, bootstrap_servers: str, partitions: list[TP]) -> dict[TP, Watermarks]:
+    if not partitions:
+        return {}
+    low, high = (_list_offsets(consumer, partitions, spec) for spec in (EARLIEST, LATEST))
+    return {tp: Watermarks(low[tp], high[tp]) for tp in partitions}
+
+
+def _unreachable(bootstrap_servers: str, exc: KafkaException) -> UnavailableError:
+    return UnavailableError(f"Kafka at {bootstrap_servers} is not reachable: {exc.args[0].str()}", "Kafka")
 
 
 def _list_offsets(consumer, partitions: list[TP], spec: int) -> dict[TP, int]:
