@@ -55,7 +55,7 @@ WHERE k.pipeline = :pipeline AND k.backfilled && int8multirange(int8range(c.star
 -- name: verify_target_rows
 -- Every target row comes from a committed batch and lies inside a committed range of this pipeline;
 -- no coordinate is delivered twice (an append target is unique per batch partition only) or is both
--- delivered and quarantined.
+-- delivered and quarantined; every quarantined record lies inside a committed range too.
 SELECT format('%s target rows carry batch ids that are not committed batches of this pipeline (e.g. %s)',
               count(*), min(t._batch_id)) AS problem
 FROM {schema}.{table} t LEFT JOIN ledger.batches b ON b.batch_id = t._batch_id AND b.pipeline = :pipeline AND b.status = 'committed'
@@ -100,6 +100,21 @@ SELECT format('%s coordinates are both in the target and in quarantine (e.g. %s[
               count(*), min(q.topic), min(q.partition), min(q."offset"))
 FROM ledger.quarantine q JOIN {schema}.{table} t ON t._topic = q.topic AND t._partition = q.partition AND t._offset = q."offset"
 WHERE q.pipeline = :pipeline
+HAVING count(*) > 0
+UNION ALL
+-- A quarantined record, as a row, lies inside a committed range or the compacted checkpoint: a range moved
+-- off the only record it read (a poison one) leaves it outside, where its counts and Kafka may agree.
+SELECT format('%s quarantined records lie outside every committed range (e.g. %s[%s] offset %s)',
+              count(*), min(q.topic), min(q.partition), min(q."offset"))
+FROM ledger.quarantine q
+WHERE q.pipeline = :pipeline
+  AND NOT EXISTS (SELECT 1 FROM ledger.batch_ranges r
+                  WHERE r.pipeline = :pipeline AND r.committed AND r.topic = q.topic AND r.partition = q.partition
+                    AND q."offset" >= r.from_offset AND q."offset" < r.until_offset)
+  AND NOT EXISTS (SELECT 1 FROM ledger.checkpoints k
+                  WHERE k.pipeline = :pipeline AND k.topic = q.topic AND k.partition = q.partition
+                    AND ((q."offset" >= k.from_offset AND q."offset" < k.until_offset)
+                         OR k.backfilled @> q."offset" OR k.backfilled_unknown @> q."offset"))
 HAVING count(*) > 0;
 
 -- name: verify_append_counts
