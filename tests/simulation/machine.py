@@ -595,15 +595,16 @@ class Simulation(RuleBasedStateMachine):
             assert self._upkept() == before, f"the {which} killed before its COMMIT changed the target or the ledger"
             upkeep_failures.worked(self.pipe.name, which)  # its rest after a failure (5 s) has passed
             if which == "compaction":
-                done = compact(self.engine, self.pipe.spec, cut)
-                assert (done.batches > 0) == killed, f"compaction folded {done.batches} batches after a kill " \
-                                                     f"{'inside a step' if killed else 'with nothing to fold'}"
+                done = compact(self.engine, self.pipe.spec, cut)  # a step may fold no batch of its own
+                assert (done.steps > 0) == killed, f"compaction folded in {done.steps} steps after a kill " \
+                                                   f"{'inside a step' if killed else 'with nothing to fold'}"
                 self.model.compacted |= done.batches > 0
         else:
             with self._held("target_lock", delay) as started:
                 if which == "compaction":
-                    did = compact(self.engine, self.pipe.spec, cut).batches > 0
-                    self.model.compacted |= did
+                    done = compact(self.engine, self.pipe.spec, cut)
+                    did = done.steps > 0
+                    self.model.compacted |= done.batches > 0
                 else:
                     did = roll_up(self.engine, self.pipe.spec) is not None
                     assert did == work, f"the rollup {'merged' if did else 'gave way'} under a held commit lock"
@@ -621,16 +622,18 @@ class Simulation(RuleBasedStateMachine):
             del os.environ["LEDGERBATCH_TERMINATE_AT"]
 
     def _upkept(self) -> tuple:
-        """What compaction and the rollup change: the target's partitions and rows, the ledger's batches and
-        checkpoints."""
+        """What compaction and the rollup change: the target's partitions and rows, the ledger's batches,
+        checkpoints and compaction record."""
         with self.engine.connect() as conn:
             partitions = conn.execute(text(
                 "SELECT array_agg(inhrelid::regclass::text ORDER BY inhrelid::regclass::text) FROM pg_inherits "
                 "WHERE inhparent = to_regclass(:t)"), {"t": f'public."{self.pipe.table}"'}).scalar_one()
             batches = conn.execute(text("SELECT batch_id, status FROM ledger.batches WHERE pipeline = :p "
                                         "ORDER BY batch_id"), {"p": self.pipe.name}).all()
-            checkpoints = conn.execute(text("SELECT to_jsonb(c)::text FROM ledger.checkpoints c WHERE pipeline = :p "
-                                            "ORDER BY 1"), {"p": self.pipe.name}).scalars().all()
+            checkpoints = conn.execute(text(
+                "SELECT to_jsonb(c)::text FROM ledger.checkpoints c WHERE pipeline = :p UNION ALL "
+                "SELECT to_jsonb(k)::text FROM ledger.compactions k WHERE pipeline = :p ORDER BY 1"),
+                {"p": self.pipe.name}).scalars().all()
         return partitions, staged.target(self.engine, self.pipe), batches, checkpoints
 
     def _stale_attempt(self, batch) -> None:
