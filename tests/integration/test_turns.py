@@ -1,5 +1,6 @@
 """Turns (stage/turns.py): the batches of many pipelines staged at one time go to Spark as one job; a job's own
-failure (here its offsets gone from Kafka) fails its batch alone; every other pipeline is staged exactly once."""
+failure (here its offsets gone from Kafka) fails its batch alone; every other pipeline is staged exactly once,
+two pipelines of one topic and a range too big to be read with the others (turn_tasks.SMALL_SPAN) among them."""
 from __future__ import annotations
 
 import threading
@@ -18,11 +19,19 @@ pytestmark = pytest.mark.integration
 
 
 def test_one_turn_stages_many_pipelines_and_a_jobs_failure_is_its_own(engine, db_url, broker, spark, make_pipeline):
-    pipes = [make_pipeline(partitions=2) for _ in range(5)]
+    pipes = [make_pipeline(partitions=2) for _ in range(4)]
     acked = {p.name: produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
              for p in pipes}
+    twin = make_pipeline(partitions=2, source__topics=[pipes[0].topic])  # the same partitions in one turn
+    twin.topic, acked[twin.name] = pipes[0].topic, acked[pipes[0].name]
+    big = make_pipeline(partitions=1)
+    acked[big.name] = produce(broker.bootstrap_servers, big.topic, [(0, order_value(i)) for i in range(12_000)])
+    pipes[1:1] = [twin, big]
+    lost = make_pipeline(partitions=2)
+    acked[lost.name] = produce(broker.bootstrap_servers, lost.topic, [(i % 2, order_value(i)) for i in range(20)])
+    pipes.append(lost)
     batches = {p.name: plan_next(engine, p.spec, broker.bootstrap_servers) for p in pipes}
-    lost = pipes[-1]  # its first records leave the log after planning, as retention would
+    # The last pipeline's first records leave the log after planning, as retention would.
     produce(broker.bootstrap_servers, lost.topic, [(0, order_value(i)) for i in range(20, 30)])
     delete_records(broker.bootstrap_servers, lost.topic, 0, 12)
     turns, outcome = Turns(), {}
@@ -42,7 +51,7 @@ def test_one_turn_stages_many_pipelines_and_a_jobs_failure_is_its_own(engine, db
     assert isinstance(outcome[lost.name], DataLossError), outcome[lost.name]
     for p in pipes[:-1]:
         staged = outcome[p.name]
-        assert staged.status == "staged" and staged.records_read == 20, staged
+        assert staged.status == "staged" and staged.records_read == len(acked[p.name]), staged
         commit_batch(engine, p.spec, staged.batch_id, staged.attempt)
         assert_exactly_once(engine, p, broker.bootstrap_servers, good={(part, o) for part, o, _ in acked[p.name]},
                             bad=set())

@@ -86,7 +86,7 @@ def _records(rng: OffsetRange, consumer, stall_timeout_s: float, metadata: bool)
                 # auto.offset.reset=error: a range that left the log reports its reset, not records
                 lost = m.error().code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
                 raise RangeReadError(f"{rng}: {OFFSETS_LOST + ': ' if lost else ''}{m.error().str()}",
-                                     retriable=not lost and _transient(m.error()))
+                                     retriable=not lost and transient(m.error()))
             if m.offset() < rng.until_offset:
                 offsets.append(m.offset())
                 keys.append(m.key())
@@ -108,7 +108,7 @@ def _records(rng: OffsetRange, consumer, stall_timeout_s: float, metadata: bool)
             yield Records(offsets, keys, values, timestamps, headers)
 
 
-def _transient(error) -> bool:
+def transient(error) -> bool:
     """A Kafka error that the brokers' coming back fixes."""
     from confluent_kafka import KafkaError
 
