@@ -4,6 +4,7 @@ two pipelines of one topic and a range too big to be read with the others (turn_
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -54,4 +55,39 @@ def test_one_turn_stages_many_pipelines_and_a_jobs_failure_is_its_own(engine, db
         assert staged.status == "staged" and staged.records_read == len(acked[p.name]), staged
         commit_batch(engine, p.spec, staged.batch_id, staged.attempt)
         assert_exactly_once(engine, p, broker.bootstrap_servers, good={(part, o) for part, o, _ in acked[p.name]},
+                            bad=set())
+
+
+def test_a_leader_waits_for_the_pipelines_of_the_turn_before(engine, db_url, broker, spark, make_pipeline):
+    """Pipelines that come back from their commits at different times go in one turn, not in cohorts: a leader
+    waits (gather_s at most) for every pipeline that staged lately."""
+    pipes = [make_pipeline(partitions=2) for _ in range(4)]
+    turns, sent = Turns(gather_s=3.0), {p.name: [] for p in pipes}
+    before_second: list[int] = []
+    between = threading.Barrier(len(pipes), action=lambda: before_second.append(turns.turns))
+    errors: list[BaseException] = []
+
+    def follow(p, delay: float) -> None:
+        try:
+            for wave in range(2):
+                sent[p.name] += produce(broker.bootstrap_servers, p.topic,
+                                        [(i % 2, order_value(i)) for i in range(10 * wave, 10 * wave + 10)])
+                planned = plan_next(engine, p.spec, broker.bootstrap_servers)
+                staged = process_batch(spark, engine, p.spec, planned.batch_id, db_url, broker.bootstrap_servers,
+                                       turns=turns)
+                commit_batch(engine, p.spec, staged.batch_id, staged.attempt)
+                if wave == 0:
+                    between.wait(120)
+                    time.sleep(delay)  # back at different times, as commits of different sizes end
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            errors.append(exc)
+    threads = [threading.Thread(target=follow, args=(p, 0.4 * i)) for i, p in enumerate(pipes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert turns.turns - before_second[0] == 1, (before_second, turns.turns)
+    for p in pipes:
+        assert_exactly_once(engine, p, broker.bootstrap_servers, good={(part, o) for part, o, _ in sent[p.name]},
                             bad=set())
