@@ -10,7 +10,8 @@ from pathlib import Path
 from ledgerbatch.spark.package import PACKAGE_DIR
 
 # What Spark tasks import: executors have the package's zip, pyarrow, numpy, psycopg2 and confluent-kafka, not sqlalchemy.
-EXECUTOR_MODULES = ["model", "source.reader", "formats", "stage.job", "stage.csv_copy", "stage.binary_copy", "stage.tasks", "stage.warm_tasks"]
+EXECUTOR_MODULES = ["model", "source.reader", "source.together", "formats", "stage.job", "stage.csv_copy",
+                    "stage.binary_copy", "stage.tasks", "stage.turn_tasks", "stage.stamps", "stage.warm_tasks"]
 
 
 def _modules() -> dict[str, Path]:
