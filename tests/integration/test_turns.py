@@ -62,7 +62,7 @@ def test_a_leader_waits_for_the_pipelines_of_the_turn_before(engine, db_url, bro
     """Pipelines that come back from their commits at different times go in one turn, not in cohorts: a leader
     waits (gather_s at most) for every pipeline that staged lately."""
     pipes = [make_pipeline(partitions=2) for _ in range(4)]
-    turns, sent = Turns(gather_s=3.0), {p.name: [] for p in pipes}
+    turns, sent = Turns(gather_s=10.0), {p.name: [] for p in pipes}
     before_second: list[int] = []
     between = threading.Barrier(len(pipes), action=lambda: before_second.append(turns.turns))
     errors: list[BaseException] = []
@@ -81,7 +81,7 @@ def test_a_leader_waits_for_the_pipelines_of_the_turn_before(engine, db_url, bro
                     time.sleep(delay)  # back at different times, as commits of different sizes end
         except BaseException as exc:  # noqa: BLE001 - the test reads it
             errors.append(exc)
-    threads = [threading.Thread(target=follow, args=(p, 0.4 * i)) for i, p in enumerate(pipes)]
+    threads = [threading.Thread(target=follow, args=(p, 0.3 * i)) for i, p in enumerate(pipes)]
     for t in threads:
         t.start()
     for t in threads:

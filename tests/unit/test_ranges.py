@@ -1,8 +1,8 @@
 import pytest
 
 from ledgerbatch.errors import DataLossError, LedgerbatchError
-from ledgerbatch.model.ranges import (OffsetRange, Watermarks, cut_at_bytes, newest_ranges, plan_ranges, split_budget,
-                                      start_offsets, too_early)
+from ledgerbatch.model.ranges import (OffsetRange, Watermarks, cut_at_bytes, newest_ranges, plan_ranges, share_out,
+                                      split_budget, start_offsets, too_early)
 
 
 def test_split_budget_serves_small_lags_whole_and_splits_the_rest_evenly():
@@ -108,3 +108,17 @@ def test_newest_ranges_share_the_sample_among_the_partitions_that_hold_records()
 def test_newest_ranges_read_at_most_so_many_partitions():
     ends = {("t", p): Watermarks(0, 1000) for p in range(6)}
     assert newest_ranges(ends, 100, 2) == (OffsetRange("t", 0, 950, 1000), OffsetRange("t", 1, 950, 1000))
+
+
+def test_share_out_spreads_a_big_pipelines_ranges_over_the_tasks_and_gives_each_range_once():
+    spans = [25_000] * 4 + [10] * 40  # one pipeline's backlog beside ten quiet ones of four partitions
+    shares = share_out(spans, 4)
+    assert sorted(i for share in shares for i in share) == list(range(44))
+    assert [sum(1 for i in share if spans[i] > 10) for share in shares] == [1, 1, 1, 1]
+    assert max(len(share) for share in shares) - min(len(share) for share in shares) <= 1
+
+
+def test_share_out_makes_no_empty_share():
+    assert share_out([5, 5], 4) == [[0], [1]]
+    assert share_out([], 4) == []
+    assert share_out([1] * 9, 1) == [list(range(9))]

@@ -157,3 +157,18 @@ def newest_ranges(partitions: dict[TopicPartition, Watermarks], records: int, mo
         return ()
     each = -(-records // len(held))
     return tuple(OffsetRange(t, p, max(w.low, w.high - each), w.high) for (t, p), w in held.items())
+
+
+RANGE_COST = 200  # offsets a range costs a task whatever its size (its transaction, its parser's start)
+
+
+def share_out(spans: list[int], shares: int) -> list[list[int]]:
+    """The indexes of `spans` (ranges' sizes in offsets) in at most `shares` lists of about equal work, the
+    biggest first each to the least loaded (longest processing time first): a turn lasts as long as its
+    busiest task, so one pipeline's big ranges are spread over the tasks instead of all landing in one."""
+    loads = [[0, []] for _ in range(max(1, min(shares, len(spans))))]
+    for i in sorted(range(len(spans)), key=lambda i: -spans[i]):
+        least = min(loads, key=lambda load: (load[0], len(load[1])))
+        least[0] += spans[i] + RANGE_COST
+        least[1].append(i)
+    return [sorted(indexes) for _, indexes in loads if indexes]

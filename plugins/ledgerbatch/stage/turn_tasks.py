@@ -26,14 +26,15 @@ SMALL_SPAN = 10_000  # offsets: a range up to this is read with the task's other
 GROUP_SPAN = 100_000  # offsets read through one consumer at most: what a task holds at once
 
 
-def stage_turn(ids: Iterator, jobs: tuple[StagingJob, ...], items: tuple[tuple[int, int], ...]) -> Iterator:
-    """mapInArrow body over spark.range(len(items)): each job's ranges of this task, its counts (or its error)
-    as TURN_COUNTS rows. A job's rows are held until all its ranges are staged: a failed job gives its error
-    only."""
+def stage_turn(ids: Iterator, jobs: tuple[StagingJob, ...], items: tuple[tuple[int, int], ...],
+               shares: list[list[int]]) -> Iterator:
+    """mapInArrow body over spark.range(len(shares)), a share a task: the (job, range) `items` of this task's
+    shares, each job's counts (or its error) as TURN_COUNTS rows. A job's rows are held until all its ranges
+    here are staged: a failed job gives its error only."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    mine = [items[i] for id_batch in ids for i in id_batch.column(0).to_pylist()]
+    mine = [items[i] for id_batch in ids for share in id_batch.column(0).to_pylist() for i in shares[share]]
     rows: dict[int, list[dict]] = {j: [] for j, _ in mine}
     failed: dict[int, str] = {}
     parsers: dict[int, object] = {}

@@ -4,7 +4,7 @@ A batch costs a Spark job's fixed overhead (scheduling, Python workers, a few hu
 dozen records) whatever its size: one job a batch caps a machine at 2-3 batches a second in all. Here a
 pipeline's thread hands its job (a plain one: no transform or query, whose Spark plans differ per pipeline) to
 `Turns.stage` and waits. The first to arrive while no turn runs leads: it takes every job queued, runs them as
-one job of at most two tasks a core (turn_tasks.py; each task a share of the turn's ranges, in job order), and
+one job of at most two tasks a core (turn_tasks.py; each task a share of about equal size: model/ranges.py share_out), and
 hands each job its counts. Jobs that arrive meanwhile wait for the next turn, so a turn takes what piled up
 during the last and the number of batches a second grows with the number of pipelines. Each pipeline keeps
 one batch a turn; one with much to do gets bigger batches (its spec's batch limits), not more turns.
@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ledgerbatch.model.ranges import share_out
 from ledgerbatch.stage.job import StagingJob
 from ledgerbatch.stage.turn_tasks import TURN_COUNTS, stage_turn
 
@@ -97,9 +98,9 @@ class Turns:
         jobs = tuple(seat.job for seat in turn)
         items = tuple((j, r) for j, job in enumerate(jobs) for r in range(len(job.ranges)))
         try:
-            tasks = max(1, min(len(items), self.tasks_per_core * parallelism))
-            task = functools.partial(stage_turn, jobs=jobs, items=items)
-            rows = spark.range(0, len(items), 1, tasks).mapInArrow(task, TURN_COUNTS).collect()
+            shares = share_out([jobs[j].ranges[r].span for j, r in items], self.tasks_per_core * parallelism)
+            task = functools.partial(stage_turn, jobs=jobs, items=items, shares=shares)
+            rows = spark.range(0, len(shares), 1, len(shares)).mapInArrow(task, TURN_COUNTS).collect()
         except BaseException as exc:
             for seat in turn:
                 seat.error = exc
