@@ -2,6 +2,7 @@
 service (ops/service.py; plain batches staged in turns of one Spark job, stage/turns.py), on real Kafka.
 
     python -m bench.capacity --pipelines 1,10,30,100 --rate 20 --seconds 60
+    python -m bench.capacity --pipelines 100 --backlog 1000000   # one pipeline 1,000,000 records behind
 
 For each N: produced->committed per record (the record's Kafka timestamp, kept as `_timestamp`, to its batch's
 `committed_at`, which is the commit transaction's start: its COMMIT comes milliseconds later), p50 and p99 of
@@ -121,6 +122,18 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def preload(bootstrap: str, topic: str, records: int, partitions: int) -> int:
+    """`records` into `topic` before the service starts (a backlog); returns how many."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 3,
+                         "queue.buffering.max.messages": 1_000_000})
+    for i in range(records):
+        producer.produce(topic, value=order(i), partition=i % partitions)
+        if i % 100_000 == 0:
+            producer.poll(0)
+    assert producer.flush(120) == 0
+    return records
+
+
 def delivered(engine, pipelines: list[str]) -> dict[str, int]:
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT pipeline, sum(next_offset - start_offset) FROM ledger.cursors GROUP BY 1")).all()
@@ -158,6 +171,8 @@ def one(n: int, args) -> dict:
     migrate(env)
     engine = create_engine(url)
     feed = Feed(broker.bootstrap, pipelines, args.rate, args.partitions)
+    if args.backlog:  # the first pipeline starts this far behind, beside the quiet others
+        feed.sent[pipelines[0]] += preload(broker.bootstrap, pipelines[0], args.backlog, args.partitions)
     log = workdir / "service.log"
     service = subprocess.Popen([str(BIN / "ledgerbatch"), "run", "--follow", "--all", "--idle-seconds",
                                 f"{args.idle_seconds:g}", "--master", args.master], env=env, cwd=REPO,
@@ -174,6 +189,7 @@ def one(n: int, args) -> dict:
         with TreeSampler([service.pid]) as memory:
             peaks.start()
             lo, cpu0, batches0 = datetime.now(timezone.utc), cpu_seconds(service.pid), committed(engine)
+            backlog_left = feed.sent[pipelines[0]] - delivered(engine, pipelines[:1])[pipelines[0]]
             machine0 = busy_seconds()
             started = time.monotonic()
             time.sleep(args.seconds)
@@ -201,8 +217,11 @@ def one(n: int, args) -> dict:
     engine.dispose()
     with create_engine(SERVER_URL, isolation_level="AUTOCOMMIT").connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+    behind = fresh.pop(pipelines[0]) if args.backlog else None
     p50s, p99s = [f[0] for f in fresh.values()], [f[1] for f in fresh.values()]
-    return {"pipelines": n, "rate": args.rate, "seconds": round(seconds, 1),
+    return {"pipelines": n, "rate": args.rate, "seconds": round(seconds, 1), "backlog": args.backlog,
+            **({"backlog_pipeline": {"freshness_p50_s": round(behind[0], 2), "freshness_p99_s": round(behind[1], 2),
+                                     "backlog_left_at_window": backlog_left}} if args.backlog else {}),
             "records_measured": sum(f[2] for f in fresh.values()),
             "freshness_p50_s": {"median": round(statistics.median(p50s), 2), "max": round(max(p50s), 2)},
             "freshness_p99_s": {"median": round(statistics.median(p99s), 2), "max": round(max(p99s), 2)},
@@ -236,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=300.0, help="at most this long to deliver the rest after it")
     parser.add_argument("--idle-seconds", type=float, default=0.2, help="the service's --idle-seconds")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--backlog", type=int, default=0,
+                        help="records produced into the first pipeline's topic before the service starts; the "
+                             "others' freshness is reported without it (its own apart)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "capacity")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -78,10 +78,12 @@ def _reads(mine: list[tuple[int, int]], jobs: tuple[StagingJob, ...], failed: di
         if jobs[j].ranges[r].span > SMALL_SPAN:
             big.setdefault(j, []).append(jobs[j].ranges[r])
     for j, ranges in big.items():
-        for rng, records in read_ranges(ranges, jobs[j].kafka, jobs[j].stall_timeout_s, bool(jobs[j].parsing.metadata)):
-            if j in failed:
-                break
-            yield j, rng, records
+        with contextlib.closing(read_ranges(ranges, jobs[j].kafka, jobs[j].stall_timeout_s,
+                                            bool(jobs[j].parsing.metadata))) as reads:
+            for rng, records in reads:
+                if j in failed:
+                    break
+                yield j, rng, records
 
 
 def _groups(small: list[tuple], jobs: tuple[StagingJob, ...]) -> list[list[tuple]]:
