@@ -104,7 +104,7 @@ def test_several_pipelines_are_refused_with_what_to_type(args, said, capsys):
     assert said in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("point", ["after_stage", "before_commit"])
+@pytest.mark.parametrize("point", ["mid_read", "after_stage", "before_commit"])  # mid_read: in a turn's task
 def test_a_service_killed_mid_batch_loses_and_duplicates_nothing_in_any_pipeline(engine, db_url, broker, make_pipeline,
                                                                                  point):
     pipes = [make_pipeline(partitions=2), make_pipeline(partitions=2)]
