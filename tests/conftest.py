@@ -70,6 +70,10 @@ def broker():
     with LocalKafka(1, {"log.retention.check.interval.ms": "1000", "log.segment.delete.delay.ms": "0",
                         "log.retention.ms": "-1"}) as k:
         yield k
+        # Its logs go with its directory: no controlled shutdown to wait for. SIGTERM never ended it within
+        # close()'s 30 s grace time, so every test session (each xdist worker) waited 30 s at its end.
+        for broker_id in list(k._brokers):
+            k.kill_broker(broker_id)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ RECORDS = 5_000  # small: the smoke proves the harness, not the figures (docs/be
 def test_bench_smoke_runs_every_contender_and_writes_the_report(tmp_path):
     out, docs = tmp_path / "results", tmp_path / "docs"
     done = subprocess.run([sys.executable, "-m", "bench.run", "--records", str(RECORDS), "--partitions", "4", "--runs", "1",
-                           "--historic", "10,100", "--latency-repeats", "1", "--scaling-repeats", "2", "--sizes", "10000",
+                           "--historic", "10,100", "--latency-repeats", "1", "--scaling-repeats", "1", "--sizes", "10000",
                            "--out", str(out), "--docs", str(docs)],
                           cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

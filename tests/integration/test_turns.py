@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
+import psycopg2
 import pytest
 
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import DataLossError
 from ledgerbatch.plan.live import plan_next
+from ledgerbatch.stage import turn_tasks
 from ledgerbatch.stage.process import process_batch
 from ledgerbatch.stage.turns import Turns
 
@@ -91,3 +94,62 @@ def test_a_leader_waits_for_the_pipelines_of_the_turn_before(engine, db_url, bro
     for p in pipes:
         assert_exactly_once(engine, p, broker.bootstrap_servers, good={(part, o) for part, o, _ in sent[p.name]},
                             bad=set())
+
+
+class _InProcess:
+    """A turn's Spark job run in this process, every share in one task, so that a test can reach inside it."""
+
+    def range(self, start, end, step, slices):
+        return self
+
+    def mapInArrow(self, task, schema):
+        self.task = task
+        return self
+
+    def collect(self):
+        import pyarrow as pa
+
+        shares = len(self.task.keywords["shares"])
+        return [types.SimpleNamespace(**row) for out in self.task(iter([pa.record_batch([pa.array(range(shares))], ["id"])]))
+                for row in out.to_pylist()]
+
+
+class _InProcessTurns(Turns):
+    def stage(self, spark, job, parallelism):
+        return super().stage(_InProcess(), job, parallelism)
+
+
+def test_a_staging_connection_that_dies_fails_its_own_job_alone(engine, db_url, broker, spark, make_pipeline,
+                                                                monkeypatch):
+    """A task stages every job on one connection per ledger database: when its backend is terminated while one
+    job stages (an operator, a pooler's cut), that job fails and the next job of the task connects anew."""
+    pipes = [make_pipeline(partitions=2) for _ in range(3)]
+    for p in pipes:
+        produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
+    batches = {p.name: plan_next(engine, p.spec, broker.bootstrap_servers) for p in pipes}
+    copy_range, killed = turn_tasks.copy_range, []
+
+    def terminated_once(parsed, table, conn):
+        if turns.turns == 1 and not killed:  # the second turn's first range: its backend is ended under it
+            with psycopg2.connect(table.dsn) as other, other.cursor() as cur:
+                cur.execute("SELECT pg_terminate_backend(%s)", (conn.get_backend_pid(),))
+            killed.append(table.name)
+        return copy_range(parsed, table, conn)
+    monkeypatch.setattr(turn_tasks, "copy_range", terminated_once)
+    turns, outcome = _InProcessTurns(gather_s=2.0), {}
+
+    def stage(p):
+        try:
+            outcome[p.name] = process_batch(spark, engine, p.spec, batches[p.name].batch_id, db_url,
+                                            broker.bootstrap_servers, turns=turns)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            outcome[p.name] = exc
+    threads = [threading.Thread(target=stage, args=(p,)) for p in pipes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    failed = [name for name, o in outcome.items() if isinstance(o, Exception)]
+    assert len(killed) == 1 and len(failed) == 1, (killed, outcome)
+    assert "connection" in str(outcome[failed[0]]), outcome[failed[0]]
+    assert all(o.status == "staged" and o.records_read == 20 for name, o in outcome.items() if name not in failed), outcome

@@ -22,8 +22,8 @@ from ledgerbatch.stage.tasks import counts_row, parsed, staging_connection
 
 TURN_COUNTS = StructType([*COUNTS.fields, StructField("job", IntegerType(), False),
                           StructField("error", StringType(), True)])
-SMALL_SPAN = 10_000  # offsets: a range up to this is read with the task's others, its records held until it is complete
-GROUP_SPAN = 100_000  # offsets read through one consumer at most: what a task holds at once
+SMALL_SPAN = 2_000  # offsets: a range up to this is read with the task's others, its records held until it is complete
+GROUP_SPAN = 20_000  # offsets read through one consumer at most: what a task holds at once (two of reader.py's chunks)
 
 
 def stage_turn(ids: Iterator, jobs: tuple[StagingJob, ...], items: tuple[tuple[int, int], ...],
@@ -50,7 +50,8 @@ def stage_turn(ids: Iterator, jobs: tuple[StagingJob, ...], items: tuple[tuple[i
                                     connections.get(jobs[j].table))
                 rows[j].extend(counts_row(counts or (rng.topic, rng.partition, 0, 0, 0, 0), stamps.text()).to_pylist())
             except Exception as exc:  # noqa: BLE001 - the job's failure is its row: the driver raises it for that job
-                failed[j] = traceback.format_exception_only(type(exc), exc)[-1].strip()
+                failed[j] = _reason(exc)
+                connections.forget_closed(jobs[j].table)
     schema = to_arrow_schema(TURN_COUNTS)
     for j, staged in rows.items():
         if j in failed:
@@ -68,22 +69,34 @@ def _reads(mine: list[tuple[int, int]], jobs: tuple[StagingJob, ...], failed: di
 
     for group in _groups([(j, jobs[j].ranges[r]) for j, r in mine if jobs[j].ranges[r].span <= SMALL_SPAN], jobs):
         owner = {(rng.topic, rng.partition): j for j, rng in group}
-        job = jobs[group[0][0]]
-        for rng, records in read_together([rng for j, rng in group if j not in failed], job.kafka, job.stall_timeout_s,
-                                          bool(job.parsing.metadata)):
-            if owner[(rng.topic, rng.partition)] not in failed:
-                yield owner[(rng.topic, rng.partition)], rng, records
+        job, unread = jobs[group[0][0]], set(owner)
+        try:
+            for rng, records in read_together([rng for j, rng in group if j not in failed], job.kafka,
+                                              job.stall_timeout_s, bool(job.parsing.metadata)):
+                unread.discard((rng.topic, rng.partition))
+                if owner[(rng.topic, rng.partition)] not in failed:
+                    yield owner[(rng.topic, rng.partition)], rng, records
+        except Exception as exc:  # noqa: BLE001 - the consumer itself failed: the jobs it had still to read fail
+            for tp in unread:
+                failed.setdefault(owner[tp], _reason(exc))
     big: dict[int, list] = {}
     for j, r in mine:
         if jobs[j].ranges[r].span > SMALL_SPAN:
             big.setdefault(j, []).append(jobs[j].ranges[r])
     for j, ranges in big.items():
-        with contextlib.closing(read_ranges(ranges, jobs[j].kafka, jobs[j].stall_timeout_s,
-                                            bool(jobs[j].parsing.metadata))) as reads:
-            for rng, records in reads:
-                if j in failed:
-                    break
-                yield j, rng, records
+        try:
+            with contextlib.closing(read_ranges(ranges, jobs[j].kafka, jobs[j].stall_timeout_s,
+                                                bool(jobs[j].parsing.metadata))) as reads:
+                for rng, records in reads:
+                    if j in failed:
+                        break
+                    yield j, rng, records
+        except Exception as exc:  # noqa: BLE001 - its consumer failed to start: the job's failure, not the task's
+            failed.setdefault(j, _reason(exc))
+
+
+def _reason(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
 def _groups(small: list[tuple], jobs: tuple[StagingJob, ...]) -> list[list[tuple]]:
@@ -114,3 +127,10 @@ class _Connections(contextlib.ExitStack):
         if table.dsn not in self._open:
             self._open[table.dsn] = self.enter_context(staging_connection(table))
         return self._open[table.dsn]
+
+    def forget_closed(self, table) -> None:
+        """After a job's failure: a connection that died with it (a backend terminated, a proxy's cut) is
+        opened anew for the next job, whose staging is not that job's trouble."""
+        conn = self._open.get(table.dsn)
+        if conn is not None and conn.closed:
+            del self._open[table.dsn]

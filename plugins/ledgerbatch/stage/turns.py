@@ -84,12 +84,17 @@ class Turns:
 
     def _gather(self) -> None:
         """Wait (holding the lead, the condition's lock released) until every pipeline that queued or had a turn
-        end within ACTIVE_S is queued again, or gather_s passed."""
+        end within ACTIVE_S is queued again, or gather_s passed: those that did not come then are not waited for
+        again until they queue, so a trickle or a pipeline in an outage costs the others one wait, not one a turn."""
         deadline = time.monotonic() + self.gather_s
         while True:
             now = time.monotonic()
             self._seen = {t: at for t, at in self._seen.items() if now - at < ACTIVE_S}
-            if now >= deadline or self._seen.keys() <= {seat.thread for seat in self._queue}:
+            queued = {seat.thread for seat in self._queue}
+            if self._seen.keys() <= queued:
+                return
+            if now >= deadline:  # those that did not come (a trickle, a pipeline waiting out an outage) are not
+                self._seen = {t: at for t, at in self._seen.items() if t in queued}  # waited for again till they queue
                 return
             self._arrivals.wait(deadline - now)
 
