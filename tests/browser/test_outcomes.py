@@ -10,29 +10,68 @@ import json
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
 
+from ledgerbatch.processes import stop_group
 from tests.conftest import Pipeline
 from tests.integration.helpers import order_value, produce
 
 from .test_backfill_form import api_server, signed_in_page, ui_env
 
 
+DAGS_TEST_TIMEOUT_S = 180  # a run takes 5-20 s on a loaded machine
+
+
 def dags_test(ui, dag_id: str, conf: dict) -> tuple[str, str, int]:
-    """One run of `dag_id` with `conf`; (its run id, its task's state, that task's try number)."""
+    """One run of `dag_id` with `conf`; (its run id, its task's state, that task's try number).
+
+    The LocalExecutor gets one worker process (parallelism 1; each of these DAGs has one task). With more, `dags
+    test` can wait forever once its run is over (Airflow 3.3.2, executors/local_executor.py: end): end() sends a
+    poison pill for each worker it finds alive, one worker after the other, while the workers already take them
+    and exit; on a loaded machine a worker can take a pill and be gone before its own check, so one pill too few
+    goes out and end() joins the worker that ran the task, which waits for a pill, forever (seen: 32 workers, 31
+    pills). With one worker there is no other to take its pill."""
     base, env, _ = ui
-    env = {**env, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+    env = {**env, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "1",
            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/"}
-    done = subprocess.run([str(Path(sys.executable).parent / "airflow"), "dags", "test", dag_id, "--use-executor",
-                           "-c", json.dumps(conf)], env=env, capture_output=True, text=True, timeout=300)
+    # Its output in a file, not a pipe: a process left behind must not hold the test up.
+    fd, out_path = tempfile.mkstemp(prefix=f"dags-test-{dag_id}-", suffix=".log", dir=env["AIRFLOW_HOME"])
+    with open(fd, "w") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "dags", "test", dag_id,
+                                 "--use-executor", "-c", json.dumps(conf)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            proc.wait(DAGS_TEST_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _stop_tree(proc)
+            pytest.fail(f"airflow dags test {dag_id} still running after {DAGS_TEST_TIMEOUT_S}s (stopped); "
+                        f"its output ({out_path}) ends:\n{Path(out_path).read_text()[-6000:]}")
     with sqlite3.connect(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")) as db:
         row = db.execute("SELECT r.run_id, t.state, t.try_number FROM dag_run r JOIN task_instance t USING (dag_id, "
                          "run_id) WHERE r.dag_id = ? ORDER BY r.id DESC LIMIT 1", (dag_id,)).fetchone()
-    assert row is not None, done.stderr[-3000:]
+    assert row is not None, Path(out_path).read_text()[-3000:]
     return row
+
+
+def _stop_tree(proc: subprocess.Popen) -> None:
+    """`proc`'s process group (`dags test` and its executor's workers) and every process below it in a group of
+    its own (Airflow gives a task process one): nothing left behind waiting for a pill."""
+    import psutil
+
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    stop_group(proc, 10)
+    for child in below:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 @pytest.fixture(scope="module")
