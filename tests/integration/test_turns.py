@@ -22,6 +22,25 @@ from .helpers import assert_exactly_once, delete_records, order_value, produce
 pytestmark = pytest.mark.integration
 
 
+def _stage_together(spark, engine, db_url, broker, pipes, batches, turns) -> dict:
+    """Each pipeline's planned batch processed from a thread of its own through `turns`: its staged batch, or
+    its error, by pipeline name."""
+    outcome = {}
+
+    def stage(p):
+        try:
+            outcome[p.name] = process_batch(spark, engine, p.spec, batches[p.name].batch_id, db_url,
+                                            broker.bootstrap_servers, turns=turns)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            outcome[p.name] = exc
+    threads = [threading.Thread(target=stage, args=(p,)) for p in pipes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return outcome
+
+
 def test_one_turn_stages_many_pipelines_and_a_jobs_failure_is_its_own(engine, db_url, broker, spark, make_pipeline):
     pipes = [make_pipeline(partitions=2) for _ in range(4)]
     acked = {p.name: produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
@@ -38,19 +57,8 @@ def test_one_turn_stages_many_pipelines_and_a_jobs_failure_is_its_own(engine, db
     # The last pipeline's first records leave the log after planning, as retention would.
     produce(broker.bootstrap_servers, lost.topic, [(0, order_value(i)) for i in range(20, 30)])
     delete_records(broker.bootstrap_servers, lost.topic, 0, 12)
-    turns, outcome = Turns(), {}
-
-    def stage(p):
-        try:
-            outcome[p.name] = process_batch(spark, engine, p.spec, batches[p.name].batch_id, db_url,
-                                            broker.bootstrap_servers, turns=turns)
-        except Exception as exc:  # noqa: BLE001 - the test reads it
-            outcome[p.name] = exc
-    threads = [threading.Thread(target=stage, args=(p,)) for p in pipes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    turns = Turns()
+    outcome = _stage_together(spark, engine, db_url, broker, pipes, batches, turns)
     assert turns.turns <= 2, turns.turns  # the first to arrive leads alone; the others wait and go together
     assert isinstance(outcome[lost.name], DataLossError), outcome[lost.name]
     for p in pipes[:-1]:
@@ -136,19 +144,8 @@ def test_a_staging_connection_that_dies_fails_its_own_job_alone(engine, db_url, 
             killed.append(table.name)
         return copy_range(parsed, table, conn)
     monkeypatch.setattr(turn_tasks, "copy_range", terminated_once)
-    turns, outcome = _InProcessTurns(gather_s=2.0), {}
-
-    def stage(p):
-        try:
-            outcome[p.name] = process_batch(spark, engine, p.spec, batches[p.name].batch_id, db_url,
-                                            broker.bootstrap_servers, turns=turns)
-        except Exception as exc:  # noqa: BLE001 - the test reads it
-            outcome[p.name] = exc
-    threads = [threading.Thread(target=stage, args=(p,)) for p in pipes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    turns = _InProcessTurns(gather_s=2.0)
+    outcome = _stage_together(spark, engine, db_url, broker, pipes, batches, turns)
     failed = [name for name, o in outcome.items() if isinstance(o, Exception)]
     assert len(killed) == 1 and len(failed) == 1, (killed, outcome)
     assert "connection" in str(outcome[failed[0]]), outcome[failed[0]]
