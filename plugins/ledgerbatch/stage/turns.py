@@ -4,8 +4,8 @@ A batch costs a Spark job's fixed overhead (scheduling, Python workers, a few hu
 dozen records) whatever its size: one job a batch caps a machine at 2-3 batches a second in all. Here a
 pipeline's thread hands its job (a plain one: no transform or query, whose Spark plans differ per pipeline) to
 `Turns.stage` and waits. The first to arrive while no turn runs leads: it takes every job queued, runs them as
-one job of at most two tasks a core (turn_tasks.py; each task a share of about equal size: model/ranges.py share_out), and
-hands each job its counts. Jobs that arrive meanwhile wait for the next turn, so a turn takes what piled up
+one job of at most two tasks a core (turn_tasks.py; each task a share of the ranges of about equal size:
+model/ranges.py share_out), and hands each job its counts. Jobs that arrive meanwhile wait for the next turn, so a turn takes what piled up
 during the last and the number of batches a second grows with the number of pipelines. Each pipeline keeps
 one batch a turn; one with much to do gets bigger batches (its spec's batch limits), not more turns.
 
