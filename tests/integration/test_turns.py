@@ -13,7 +13,7 @@ import pytest
 from ledgerbatch.commit.transaction import commit_batch
 from ledgerbatch.errors import DataLossError
 from ledgerbatch.plan.live import plan_next
-from ledgerbatch.stage import turn_tasks
+from ledgerbatch.stage import tasks
 from ledgerbatch.stage.process import process_batch
 from ledgerbatch.stage.turns import Turns
 
@@ -135,7 +135,7 @@ def test_a_staging_connection_that_dies_fails_its_own_job_alone(engine, db_url, 
     for p in pipes:
         produce(broker.bootstrap_servers, p.topic, [(i % 2, order_value(i)) for i in range(20)])
     batches = {p.name: plan_next(engine, p.spec, broker.bootstrap_servers) for p in pipes}
-    copy_range, killed = turn_tasks.copy_range, []
+    copy_range, killed = tasks.copy_range, []
 
     def terminated_once(parsed, table, conn):
         if turns.turns == 1 and not killed:  # the second turn's first range: its backend is ended under it
@@ -143,7 +143,7 @@ def test_a_staging_connection_that_dies_fails_its_own_job_alone(engine, db_url, 
                 cur.execute("SELECT pg_terminate_backend(%s)", (conn.get_backend_pid(),))
             killed.append(table.name)
         return copy_range(parsed, table, conn)
-    monkeypatch.setattr(turn_tasks, "copy_range", terminated_once)
+    monkeypatch.setattr(tasks, "copy_range", terminated_once)
     turns = _InProcessTurns(gather_s=2.0)
     outcome = _stage_together(spark, engine, db_url, broker, pipes, batches, turns)
     failed = [name for name, o in outcome.items() if isinstance(o, Exception)]

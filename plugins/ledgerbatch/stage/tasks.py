@@ -26,9 +26,15 @@ def stage_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     parser = job.parsing.parser()
     with staging_connection(job.table) as conn:
         for rng, records in _task_ranges(ids, job):
-            stamps = Stamps()
-            counts = copy_range(parsed(rng, stamps.seen(records), parser), job.table, conn)
-            yield counts_row(counts or (rng.topic, rng.partition, 0, 0, 0, 0), stamps.text())
+            yield stage_range(rng, records, parser, job.table, conn)
+
+
+def stage_range(rng, records: Iterator, parser, table: StagingTable, conn):
+    """Parse and COPY one range's chunks of records in one transaction on `conn` (copy_range); its COUNTS row,
+    with its records by timestamp."""
+    stamps = Stamps()
+    counts = copy_range(_parsed(rng, stamps.seen(records), parser), table, conn)
+    return _counts(counts or (rng.topic, rng.partition, 0, 0, 0, 0), stamps.text())
 
 
 def parse_ranges(ids: Iterator, job: StagingJob) -> Iterator:
@@ -38,7 +44,7 @@ def parse_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     with the same ranges, kafka, stall_timeout_s and parsing) is read through it too."""
     parser = job.parsing.parser()
     for rng, records in _task_ranges(ids, job):
-        yield from parsed(rng, records, parser)
+        yield from _parsed(rng, records, parser)
 
 
 def parse_good_rows(ids: Iterator, job: StagingJob) -> Iterator:
@@ -55,7 +61,7 @@ def parse_good_rows(ids: Iterator, job: StagingJob) -> Iterator:
             with conn, conn.cursor() as cur:
                 cur.execute(sql.lock, {"lock": f"{job.table.name}|{rng.topic}|{rng.partition}"})
                 cur.execute(sql.delete_bad, where)
-                for batch in parsed(rng, chunks, parser):
+                for batch in _parsed(rng, chunks, parser):
                     records += batch.num_rows
                     batch, nbad = stage_bad(cur, sql, batch)
                     bad += nbad
@@ -71,10 +77,10 @@ def stage_parsed(batches: Iterator, job: StagingJob) -> Iterator:
     with staging_connection(job.table) as conn:
         counts = copy_range(batches, job.table, conn)
     if counts is not None:
-        yield counts_row(counts)
+        yield _counts(counts)
 
 
-def counts_row(counts: tuple, stamps: str | None = None):
+def _counts(counts: tuple, stamps: str | None = None):
     """One range's counts (and its records by timestamp, where they were counted) as the COUNTS row its task
     returns."""
     import pyarrow as pa
@@ -99,7 +105,7 @@ def _task_ranges(ids: Iterator, job: StagingJob) -> Iterator:
     return read_ranges(ranges, job.kafka, job.stall_timeout_s, bool(job.parsing.metadata))
 
 
-def parsed(rng, records: Iterator, parser) -> Iterator:
+def _parsed(rng, records: Iterator, parser) -> Iterator:
     """The parsed Arrow batches of one range's chunks of records."""
     for chunk in records:
         yield parser.parse(rng.topic, rng.partition, chunk)

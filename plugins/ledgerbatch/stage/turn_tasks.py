@@ -3,7 +3,7 @@
 A task's items are (job, range) pairs. Its small ranges are read through one consumer per Kafka settings
 (source/together.py: a consumer a range waited for its first records, 100 of them one after another took
 0.7-1.5 s against 0.05 s together); its big ones (a backlog) stream through reader.py job by job. Each range is
-staged in its own transaction as `stage_ranges` stages it, on one connection per ledger database for the whole
+staged in its own transaction (tasks.py: stage_range, as a single pipeline's), on one connection per ledger database for the whole
 task. A job's failure (its poison record, its offsets gone, its attempt fenced) becomes that job's error row,
 not the task's failure, so one pipeline's trouble fails its own batch alone and the turn's other jobs are
 staged as ever."""
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import traceback
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from ledgerbatch.stage.csv_copy import copy_range
 from ledgerbatch.stage.job import COUNTS, StagingJob
-from ledgerbatch.stage.stamps import Stamps
-from ledgerbatch.stage.tasks import counts_row, parsed, staging_connection
+from ledgerbatch.stage.tasks import stage_range, staging_connection
 
 TURN_COUNTS = StructType([*COUNTS.fields, StructField("job", IntegerType(), False),
                           StructField("error", StringType(), True)])
@@ -45,10 +44,8 @@ def stage_turn(ids: Iterator, jobs: tuple[StagingJob, ...], items: tuple[tuple[i
                     raise records
                 if j not in parsers:
                     parsers[j] = jobs[j].parsing.parser()
-                stamps = Stamps()
-                counts = copy_range(parsed(rng, stamps.seen(records), parsers[j]), jobs[j].table,
-                                    connections.get(jobs[j].table))
-                rows[j].extend(counts_row(counts or (rng.topic, rng.partition, 0, 0, 0, 0), stamps.text()).to_pylist())
+                rows[j].extend(stage_range(rng, records, parsers[j], jobs[j].table,
+                                           connections.get(jobs[j].table)).to_pylist())
             except Exception as exc:  # noqa: BLE001 - the job's failure is its row: the driver raises it for that job
                 failed[j] = _reason(exc)
                 connections.forget_closed(jobs[j].table)
@@ -99,21 +96,31 @@ def _reason(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
+@dataclass
+class _Group:
+    """Ranges read through one consumer: one Kafka settings and metadata, each partition once."""
+    key: tuple
+    pairs: list = field(default_factory=list)  # (job, range)
+    span: int = 0
+
+    def takes(self, key: tuple, rng) -> bool:
+        return key == self.key and self.span + rng.span <= GROUP_SPAN and all(
+            (r.topic, r.partition) != (rng.topic, rng.partition) for _, r in self.pairs)
+
+
 def _groups(small: list[tuple], jobs: tuple[StagingJob, ...]) -> list[list[tuple]]:
     """`small` (job, range) pairs in groups of one Kafka settings and metadata, a partition at most once a
     group (two pipelines may read one topic), GROUP_SPAN offsets at most."""
-    groups: list[tuple[tuple, set, list, list[int]]] = []  # (key, partitions, pairs, [span])
+    groups: list[_Group] = []
     for j, rng in small:
         key = (tuple(sorted(jobs[j].kafka.items())), bool(jobs[j].parsing.metadata))
-        place = next((g for g in groups if g[0] == key and (rng.topic, rng.partition) not in g[1]
-                      and g[3][0] + rng.span <= GROUP_SPAN), None)
-        if place is None:
-            place = (key, set(), [], [0])
-            groups.append(place)
-        place[1].add((rng.topic, rng.partition))
-        place[2].append((j, rng))
-        place[3][0] += rng.span
-    return [pairs for _, _, pairs, _ in groups]
+        group = next((g for g in groups if g.takes(key, rng)), None)
+        if group is None:
+            group = _Group(key)
+            groups.append(group)
+        group.pairs.append((j, rng))
+        group.span += rng.span
+    return [g.pairs for g in groups]
 
 
 class _Connections(contextlib.ExitStack):
