@@ -71,25 +71,22 @@ def test_one_turn_stages_many_pipelines_and_a_jobs_failure_is_its_own(engine, db
 
 def test_a_leader_waits_for_the_pipelines_of_the_turn_before(engine, db_url, broker, spark, make_pipeline):
     """Pipelines that come back from their commits at different times go in one turn, not in cohorts: a leader
-    waits (gather_s at most) for every pipeline that staged lately."""
-    pipes = [make_pipeline(partitions=2) for _ in range(4)]
-    turns, sent = Turns(gather_s=10.0), {p.name: [] for p in pipes}
-    before_second: list[int] = []
-    between = threading.Barrier(len(pipes), action=lambda: before_second.append(turns.turns))
+    waits (gather_s at most) for every pipeline that staged lately. Four pipelines follow as the service's threads
+    do, each back 0 / 0.3 / 0.6 / 0.9 s after its commit: once one turn holds them all, each wave is one turn."""
+    pipes, waves = [make_pipeline(partitions=2) for _ in range(4)], 6
+    turns, sent = Turns(gather_s=5.0), {p.name: [] for p in pipes}
     errors: list[BaseException] = []
 
     def follow(p, delay: float) -> None:
         try:
-            for wave in range(2):
+            for wave in range(waves):
                 sent[p.name] += produce(broker.bootstrap_servers, p.topic,
                                         [(i % 2, order_value(i)) for i in range(10 * wave, 10 * wave + 10)])
                 planned = plan_next(engine, p.spec, broker.bootstrap_servers)
                 staged = process_batch(spark, engine, p.spec, planned.batch_id, db_url, broker.bootstrap_servers,
                                        turns=turns)
                 commit_batch(engine, p.spec, staged.batch_id, staged.attempt)
-                if wave == 0:
-                    between.wait(120)
-                    time.sleep(delay)  # back at different times, as commits of different sizes end
+                time.sleep(delay)  # back at different times, as commits of different sizes end
         except BaseException as exc:  # noqa: BLE001 - the test reads it
             errors.append(exc)
     threads = [threading.Thread(target=follow, args=(p, 0.3 * i)) for i, p in enumerate(pipes)]
@@ -98,7 +95,9 @@ def test_a_leader_waits_for_the_pipelines_of_the_turn_before(engine, db_url, bro
     for t in threads:
         t.join(300)
     assert not errors, errors
-    assert turns.turns - before_second[0] == 1, (before_second, turns.turns)
+    # The first wave may split (the first to arrive leads alone; one more may too); the next leader waits for those,
+    # who then stay a wave ahead in the others' turns. In cohorts (a leader not waiting) each wave takes 2-3 turns.
+    assert turns.turns <= waves + 2, turns.turns
     for p in pipes:
         assert_exactly_once(engine, p, broker.bootstrap_servers, good={(part, o) for part, o, _ in sent[p.name]},
                             bad=set())
