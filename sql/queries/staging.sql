@@ -44,10 +44,12 @@ GRANT SELECT (_topic, _partition) ON ledger_staging.{bad} TO ledgerbatch_stager;
 GRANT SELECT (_topic, _partition) ON ledger_staging.{staging} TO ledgerbatch_stager;
 
 -- name: staging_complete
--- Both tables exist and the good rows' table has every listed column (:columns, a text array).
+-- Both tables exist and the good rows' table has every listed column (:columns, a text array). From
+-- pg_attribute: information_schema.columns took 12 ms a commit with 100 pipelines' tables in the catalog.
 SELECT to_regclass('ledger_staging.' || quote_ident(:bad)) IS NOT NULL
-   AND (SELECT count(*) FROM information_schema.columns
-        WHERE table_schema = 'ledger_staging' AND table_name = :staging AND column_name = ANY(:columns))
+   AND (SELECT count(*) FROM pg_catalog.pg_attribute
+        WHERE attrelid = to_regclass('ledger_staging.' || quote_ident(:staging)) AND attnum > 0
+          AND NOT attisdropped AND attname = ANY(CAST(:columns AS text[])))
        = cardinality(CAST(:columns AS text[]));
 
 -- name: lock_staging
