@@ -113,14 +113,15 @@ def mark_staged(conn: Connection, batch_id: int, attempt: int, staging: str, ran
     if changes:
         run(conn, "mark_staged_changes", {"batch_id": batch_id, "attempt": attempt, "rows_deleted": deleted,
                                           "records_skipped": skipped})
-    for r in ranges:
-        rows, _, range_deleted, range_skipped = counts.pop(r.topic_partition, (0, 0, 0, 0))
-        where = {"batch_id": batch_id, "topic": r.topic, "partition": r.partition}
-        run(conn, "set_range_count", {**where, "records_read": rows})
-        if changes:
-            run(conn, "set_range_changes", {**where, "rows_deleted": range_deleted, "records_skipped": range_skipped})
+    per_range = [counts.pop(r.topic_partition, (0, 0, 0, 0)) for r in ranges]
     if counts:
         raise LedgerbatchError(f"rows staged for partitions outside the batch: {sorted(counts)}")
+    set_ = run(conn, "set_range_counts", {
+        "batch_id": batch_id, "changes": changes, "topics": [r.topic for r in ranges],
+        "partitions": [r.partition for r in ranges], "records_read": [c[0] for c in per_range],
+        "rows_deleted": [c[2] for c in per_range], "records_skipped": [c[3] for c in per_range]}).rowcount
+    if set_ != len(ranges):
+        raise LedgerbatchError(f"batch {batch_id}: counts set on {set_} of its {len(ranges)} ranges")
 
 
 def staged_reads(conn: Connection, batch_id: int, attempt: int) -> dict[TopicPartition, tuple[int, int]]:
