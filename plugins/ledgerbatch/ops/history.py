@@ -137,7 +137,9 @@ def upkeep(engine: Engine, spec: PipelineSpec, now: datetime | None = None) -> U
     now = now or datetime.now(timezone.utc)
     compacted, purged, abandoned, failed = None, None, [], []
     with giving_way(spec.name, "staging") as outcome:  # a stalled attempt's tables, once it let go
-        drop_finished_staging(engine, spec.name)
+        if held := drop_finished_staging(engine, spec.name):
+            log.warning("%s: staging tables of finished batches still locked, left for the next upkeep: %s",
+                        spec.name, ", ".join(held))
     failed += ["staging"] * outcome.failed
     if spec.compact_after_s is not None:
         before = now - timedelta(seconds=spec.compact_after_s)
