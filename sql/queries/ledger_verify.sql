@@ -6,8 +6,7 @@
 -- ledger.invariant_violations (sql/migrations/004); staging tables of unknown batches belong to no pipeline.
 -- A staging table whose batch a compaction folded (its id at or below a pipeline's folded batches, and gone
 -- from ledger.batches) is no orphan: a login that may not drop it (an admin's compaction of the writer's
--- pipeline) leaves it to its owner's next clean-up (a run, its upkeep, an abandon, Airflow's commit task:
--- drop_finished_staging).
+-- pipeline) leaves it to its owner's next clean-up (a commit, run, abandon: drop_finished_staging).
 SELECT v.problem FROM ledger.invariant_violations v
 WHERE (v.pipeline = :pipeline OR v.pipeline IS NULL)
   AND NOT (v.pipeline IS NULL AND EXISTS (

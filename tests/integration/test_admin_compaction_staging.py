@@ -72,7 +72,7 @@ def test_verify_is_clean_after_an_admin_compaction_that_may_not_drop_the_writers
     assert compact(logins["admin"], p.spec, datetime.now(timezone.utc)).batches == 3
     assert {left, f"{left}_bad"} <= staging_tables(engine)  # not the admin's to drop
     assert verify(engine, p.spec) == []
-    assert drop_finished_staging(logins["writer"], p.name) == []  # the writer's next run, upkeep or abandon
+    assert drop_finished_staging(logins["writer"], p.name) == []  # the writer's next commit, run or abandon
     assert not {left, f"{left}_bad"} & staging_tables(engine)
     assert verify(engine, p.spec) == []
 

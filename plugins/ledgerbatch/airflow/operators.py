@@ -406,7 +406,6 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         from ledgerbatch.commit.modes.rollup import bound_partitions
         from ledgerbatch.commit.transaction import commit_batch
         from ledgerbatch.ledger.batches import get_batch
-        from ledgerbatch.stage.tables import drop_finished_staging
 
         engine, spec = self._engine_and_spec()
         if str(self.dry_run).lower() in ("true", "1"):
@@ -419,9 +418,6 @@ class CommitBatchOperator(LedgerbatchBaseOperator):
         started = time.monotonic()
         result = commit_batch(engine, spec, int(self.batch_id))
         bound_partitions(engine, spec)  # as `run` does after each commit (commit/modes/rollup.py)
-        # What a stalled attempt or a killed abandon left, before the run's verify names it (`run` sweeps
-        # in its upkeep every minute; here one commit a run makes it cheap).
-        drop_finished_staging(engine, spec.name)
         record_lag(engine, spec, self.kafka_hook.get_bootstrap_servers(), in_airflow=True)
         self._rows_written = result.rows_written
         self._phase_event("commit", int(self.batch_id), started, rows_written=result.rows_written,

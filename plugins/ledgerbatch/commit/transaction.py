@@ -159,10 +159,8 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         crash_point("before_commit")
         terminate_point(conn, "before_commit")
     crash_point("after_commit")
-    # Earlier attempts' tables may still be locked by a stalled attempt: drop them outside the commit. A first
-    # attempt has none (the sweep reads the catalog: 10 ms a commit with 100 pipelines); the upkeep sweeps too.
-    if batch.attempt > 1:
-        drop_finished_staging(engine, spec.name)
+    # Earlier attempts' tables may still be locked by a stalled attempt: drop them outside the commit.
+    drop_finished_staging(engine, spec.name)
     seconds = time.monotonic() - started
     aside = "".join(f", {n} {why}" for n, why in ((recorded.rows_rejected, "refused by the target"),
                                                   (recorded.records_superseded, "superseded by newer versions")) if n)

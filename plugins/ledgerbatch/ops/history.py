@@ -129,18 +129,12 @@ class Upkeep:
 
 
 def upkeep(engine: Engine, spec: PipelineSpec, now: datetime | None = None) -> Upkeep:
-    """What the spec asks for, once: drop the staging tables of finished batches (commit_batch drops a first
-    attempt's own), abandon the stranded replays and backfills older than history.compact_after and compact
-    what is older than it, purge quarantine older than errors.quarantine_retention, merge partitions until the
-    target is within its bound. Never raises for an upkeep that failed: it gives way (ops/upkeep_failures.py),
-    and the others still run."""
+    """What the spec asks for, once: abandon the stranded replays and backfills older than
+    history.compact_after and compact what is older than it, purge quarantine older than
+    errors.quarantine_retention, merge partitions until the target is within its bound. Never raises for an
+    upkeep that failed: it gives way (ops/upkeep_failures.py), and the others still run."""
     now = now or datetime.now(timezone.utc)
     compacted, purged, abandoned, failed = None, None, [], []
-    with giving_way(spec.name, "staging") as outcome:  # a stalled attempt's tables, once it let go
-        if held := drop_finished_staging(engine, spec.name):
-            log.warning("%s: staging tables of finished batches still locked, left for the next upkeep: %s",
-                        spec.name, ", ".join(held))
-    failed += ["staging"] * outcome.failed
     if spec.compact_after_s is not None:
         before = now - timedelta(seconds=spec.compact_after_s)
         with giving_way(spec.name, "abandon_stranded") as outcome:

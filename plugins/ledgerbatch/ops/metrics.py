@@ -66,8 +66,7 @@ class Metrics:
                                                    description="seconds `run --follow` waited for a dependency")
         meter.create_observable_counter(
             "ledgerbatch.upkeep.failures", [self._upkeep_failures], unit="{failure}",
-            description="history upkeeps (rollup, compaction, purge, abandon_stranded, staging) that failed and "
-                        "gave way, by reason")
+            description="history upkeeps (rollup, compaction, purge, abandon) that failed and gave way, by reason")
         self.duration = meter.create_histogram(
             "ledgerbatch.batch.phase.duration", unit="s", description="wall time of a batch phase",
             explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))

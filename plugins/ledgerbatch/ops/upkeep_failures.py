@@ -1,10 +1,10 @@
-"""Upkeep gives way: a partition rollup, a compaction, a quarantine purge, the abandoning of stranded batches or
-the drop of finished batches' staging tables that fails, for whatever reason (the target's own rules: a foreign
-key that references it, a view on one of its partitions, a CHECK; a lock or statement timeout; a missing
-privilege; the database away), never stops the pipeline and never fails the commit it follows. The failure is
-logged once with its reason (again only when the reason changes, or after the upkeep worked again), counted
-(`ledgerbatch.upkeep.failures`, for Prometheus `ledgerbatch_upkeep_failures_total`, by pipeline, upkeep and
-reason: ops/metrics.py reads the counts kept here), and the upkeep is tried again at its next turn.
+"""Upkeep gives way: a partition rollup, a compaction, a quarantine purge or the abandoning of stranded batches
+that fails, for whatever reason (the target's own rules: a foreign key that references it, a view on one of
+its partitions, a CHECK; a lock or statement timeout; a missing privilege; the database away), never stops the
+pipeline and never fails the commit it follows. The failure is logged once with its reason (again only when
+the reason changes, or after the upkeep worked again), counted (`ledgerbatch.upkeep.failures`, for
+Prometheus `ledgerbatch_upkeep_failures_total`, by pipeline, upkeep and reason: ops/metrics.py reads the
+counts kept here), and the upkeep is tried again at its next turn.
 
 An upkeep that keeps failing is not tried again at once by what runs it after every commit (a merge may copy
 many rows before it fails, under the commit lock): `resting` says for how long to leave it, 5 s after its first
@@ -118,7 +118,7 @@ class Outcome:
 @contextmanager
 def giving_way(pipeline: str, upkeep: str) -> Iterator[Outcome]:
     """`with giving_way(spec.name, "rollup") as outcome:` runs an upkeep (rollup, compaction, purge,
-    abandon_stranded, staging: the metric's `ledgerbatch.upkeep`); an Exception it raises is logged and
+    abandon_stranded: the metric's `ledgerbatch.upkeep`); an Exception it raises is logged and
     counted (gave_way) and goes no further: `outcome.failed` says so. KeyboardInterrupt and SystemExit pass."""
     outcome = Outcome()
     try:
