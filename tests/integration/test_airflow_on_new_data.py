@@ -233,3 +233,57 @@ def test_a_trigger_fires_again_after_its_run_failed_with_backoff_never_while_an_
             await asyncio.gather(task, return_exceptions=True)
             await trigger.cleanup()
     asyncio.run(go())
+
+
+def tcp_peers(ports: set[int]) -> int:
+    """This process's open TCP connections to any of `ports`."""
+    import psutil
+
+    return sum(1 for c in psutil.Process().net_connections(kind="tcp")
+               if c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_the_triggers_of_many_pipelines_share_a_few_connections(connections, engine, broker, make_pipeline, db_url):
+    """Twelve event-driven pipelines' triggers in one event loop, as in one triggerer: each fires for its own
+    records while the process holds a few PostgreSQL and Kafka connections in all, not one of each a pipeline
+    (a trigger kept a consumer and an engine of its own: 95 of them used up a default max_connections)."""
+    from sqlalchemy.engine import make_url
+
+    from ledgerbatch.airflow import trigger_clients
+    from ledgerbatch.airflow.triggers import NewDataTrigger
+    from ledgerbatch.source import looks
+
+    pipes = [make_pipeline(partitions=1, schedule="on_new_data") for _ in range(12)]
+    for i, p in enumerate(pipes):
+        produce(broker.bootstrap_servers, p.topic, [(0, order_value(j)) for j in range(i + 1)])
+    pg, kafka = {make_url(db_url).port or 5432}, {int(s.rsplit(":", 1)[1]) for s in broker.bootstrap_servers.split(",")}
+    before = tcp_peers(pg), tcp_peers(kafka)
+    triggers = [NewDataTrigger(pipeline=p.name, pipelines_dir=str(p.dir), poll_interval=0.2) for p in pipes]
+
+    async def go():
+        fired: dict[str, list] = {}
+
+        async def collect(trigger):  # as the triggerer does: a task iterating each run()
+            async for event in trigger.run():
+                fired.setdefault(event.payload["pipeline"], []).append(event.payload["pending_offsets"])
+
+        tasks = [asyncio.create_task(collect(t)) for t in triggers]
+        try:
+            for _ in range(300):
+                if len(fired) == len(pipes):
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # some more looks of every trigger
+            return fired, (tcp_peers(pg), tcp_peers(kafka))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(t.cleanup() for t in triggers))
+
+    fired, during = asyncio.run(go())
+    assert fired == {p.name: [i + 1] for i, p in enumerate(pipes)}
+    assert during[0] - before[0] <= trigger_clients.POOL_SIZE + trigger_clients.MAX_OVERFLOW, (before, during)
+    assert during[1] - before[1] <= 2 * len(kafka) + 1, (before, during)  # one consumer: bootstrap and broker
+    assert not trigger_clients._engines and not looks._lookers  # the last trigger's cleanup closed them
+    assert tcp_peers(pg) <= before[0] and tcp_peers(kafka) <= before[1]

@@ -7,7 +7,7 @@ The trigger only says *that* there is something; the DAG run's `plan` task decid
 from __future__ import annotations
 
 import asyncio
-import threading
+import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +20,6 @@ from ledgerbatch.spec.resolve import load_pipeline
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from confluent_kafka import Consumer
     from sqlalchemy.engine import Engine
 
     from ledgerbatch.model.batch import Batch
@@ -75,75 +74,40 @@ def pending(spec: PipelineSpec, ends: dict[TopicPartition, Watermarks], cursors:
 
 
 class NewDataProbe:
-    """One pipeline's look at Kafka and the ledger: a consumer and an engine kept open between looks, so a look
-    costs one metadata request per topic, one end offset request per partition and one ledger query.
+    """One pipeline's look at Kafka and the ledger, through the clients every trigger of the triggerer shares
+    (trigger_clients.py): its end offsets come in a round of looks with the other pipelines', its ledger
+    queries from a small pool. Blocking: the trigger calls it in a thread."""
 
-    Blocking: the trigger calls it in a thread.
-    """
-
-    def __init__(self, spec: PipelineSpec, engine: Engine, consumer_config: dict):
-        from confluent_kafka import Consumer
-
+    def __init__(self, spec: PipelineSpec, engine: Engine, bootstrap_servers: str):
         self.spec = spec
         self.engine = engine
-        self.bootstrap_servers = consumer_config["bootstrap.servers"]
-        self.consumer: Consumer = Consumer(consumer_config)
-        self._lock = threading.Lock()  # a look still running in its thread when the trigger is cancelled
-        self._closed = False           # finishes before close() frees the consumer
+        self.bootstrap_servers = bootstrap_servers
 
     def end_offsets(self) -> dict[TopicPartition, Watermarks]:
-        """Log start and read_committed end of every partition of the pipeline's topics (kafka.watermarks,
-        on the kept consumer)."""
-        from confluent_kafka import KafkaException, TopicPartition
+        """Log start and read_committed end of every partition of the pipeline's topics: the planner's look
+        (planner.plan_next -> kafka.watermarks, with the spec's Kafka options), so the same end offsets."""
+        from ledgerbatch.source import kafka
 
-        from ledgerbatch.errors import ConfigError, UnavailableError
-        from ledgerbatch.model.ranges import Watermarks
-        from ledgerbatch.source.kafka import METADATA_TIMEOUT_S
-
-        out = {}
-        try:
-            for topic in self.spec.topics:
-                metadata = self.consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
-                if metadata is None or metadata.error is not None or not metadata.partitions:
-                    raise ConfigError(f"topic {topic!r} is not available: "
-                                      f"{metadata.error.str() if metadata is not None and metadata.error else 'no partitions'}")
-                for p in sorted(metadata.partitions):
-                    low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                                    timeout=METADATA_TIMEOUT_S, cached=False)
-                    out[(topic, p)] = Watermarks(low, high)
-        except KafkaException as exc:
-            raise UnavailableError(f"Kafka is not reachable: {exc.args[0].str()}", "Kafka") from None
-        return out
+        return kafka.watermarks(self.bootstrap_servers, self.spec.topics, dict(self.spec.kafka_options))
 
     def look(self) -> Pending:
-        from ledgerbatch.errors import LedgerbatchError
         from ledgerbatch.ledger.batches import attempt_held, get_batch, open_live_batch_id
         from ledgerbatch.ledger.cursors import get_cursors
         from ledgerbatch.ledger.pauses import current_pause
         from ledgerbatch.plan.live import filling
         from ledgerbatch.stage.lease import LEASE_S
 
-        with self._lock:
-            if self._closed:
-                raise LedgerbatchError("the probe is closed")
-            ends = self.end_offsets()
-            with self.engine.connect() as conn:
-                open_id = open_live_batch_id(conn, self.spec.name)
-                unfinished = get_batch(conn, open_id) if open_id is not None else None
-                staging = open_id is not None and attempt_held(conn, open_id, LEASE_S)
-                cursors = get_cursors(conn, self.spec.name, self.spec.topics)
-                paused = current_pause(conn, self.spec.name) is not None
+        ends = self.end_offsets()
+        with self.engine.connect() as conn:
+            open_id = open_live_batch_id(conn, self.spec.name)
+            unfinished = get_batch(conn, open_id) if open_id is not None else None
+            staging = open_id is not None and attempt_held(conn, open_id, LEASE_S)
+            cursors = get_cursors(conn, self.spec.name, self.spec.topics)
+            paused = current_pause(conn, self.spec.name) is not None
         found = pending(self.spec, ends, cursors, unfinished, staging, paused)
         if self.spec.min_records > 1 and unfinished is None and cursors and 0 < found.offsets < self.spec.min_records:
             found = replace(found, filling=filling(self.engine, self.spec, self.bootstrap_servers, ends, cursors))
         return found
-
-    def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self.consumer.close()
-                self.engine.dispose()
 
 
 class NewDataTrigger(BaseEventTrigger):
@@ -186,6 +150,7 @@ class NewDataTrigger(BaseEventTrigger):
         self.poll_interval = float(poll_interval)
         self.refire_after = float(refire_after)
         self._probe: NewDataProbe | None = None
+        self._clients = contextlib.ExitStack()  # the triggerer's shared clients, held from run() to cleanup()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -198,15 +163,15 @@ class NewDataTrigger(BaseEventTrigger):
         })
 
     def _open_probe(self) -> NewDataProbe:
-        """The connections (through the hooks), the spec with the Kafka connection's options, the probe."""
-        from ledgerbatch.source.kafka import consumer_config
+        """The connections (through the hooks), the spec with the Kafka connection's options, the probe on the
+        clients the triggerer's triggers share."""
+        from ledgerbatch.airflow import trigger_clients
 
         ledger_hook, kafka_hook = LedgerHook(self.ledger_conn_id), KafkaConfigHook(self.kafka_conn_id)
         settings = settings_from_hooks(ledger_hook, kafka_hook, self.pipelines_dir)
         spec = load_pipeline(settings, self.pipeline)
-        # The planner's consumer settings (planner.plan_next -> kafka.watermarks): the same end offsets.
-        return NewDataProbe(spec, ledger_hook.get_engine(), consumer_config(settings.bootstrap_servers,
-                                                                            dict(spec.kafka_options)))
+        engine = self._clients.enter_context(trigger_clients.shared(ledger_hook.get_url()))
+        return NewDataProbe(spec, engine, settings.bootstrap_servers)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from asgiref.sync import sync_to_async
@@ -250,6 +215,5 @@ class NewDataTrigger(BaseEventTrigger):
             await asyncio.sleep(self.poll_interval)
 
     async def cleanup(self) -> None:
-        probe, self._probe = self._probe, None
-        if probe is not None:
-            await asyncio.to_thread(probe.close)
+        self._probe = None
+        await asyncio.to_thread(self._clients.close)  # the last trigger to let go waits for the looks' thread

@@ -10,9 +10,10 @@ from ledgerbatch.errors import ConfigError, UnavailableError
 from ledgerbatch.sqlfiles import query
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pool_size: int = 5, max_overflow: int = 10) -> Engine:
     try:
-        engine = create_engine(url, pool_pre_ping=True, hide_parameters=True)
+        engine = create_engine(url, pool_pre_ping=True, hide_parameters=True, pool_size=pool_size,
+                               max_overflow=max_overflow)
     except (ArgumentError, ValueError) as exc:
         raise ConfigError(f"LEDGERBATCH_DB_URL {safe_url(url)!r} is not a valid SQLAlchemy URL: {exc}") from None
     if engine.dialect.name != "postgresql":
