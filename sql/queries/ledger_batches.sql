@@ -27,9 +27,12 @@ FROM ledger.batch_ranges WHERE batch_id = :batch_id ORDER BY topic, partition;
 -- name: insert_batch
 INSERT INTO ledger.batches (pipeline, kind) VALUES (:pipeline, :kind) RETURNING batch_id;
 
--- name: insert_range
+-- name: insert_ranges
+-- A planned batch's ranges in one statement (parallel arrays).
 INSERT INTO ledger.batch_ranges (batch_id, pipeline, kind, topic, partition, from_offset, until_offset)
-VALUES (:batch_id, :pipeline, :kind, :topic, :partition, :from_offset, :until_offset);
+SELECT :batch_id, :pipeline, :kind, q.topic, q.partition, q.from_offset, q.until_offset
+FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS int[]), CAST(:from_offsets AS bigint[]),
+            CAST(:until_offsets AS bigint[])) AS q(topic, partition, from_offset, until_offset);
 
 -- name: record_spec_version
 INSERT INTO ledger.spec_versions (pipeline, version, spec_text) VALUES (:pipeline, :version, :spec_text)

@@ -12,16 +12,24 @@ INSERT INTO ledger.cursors (pipeline, topic, partition, start_offset, next_offse
 VALUES (:pipeline, :topic, :partition, :offset, :offset)
 ON CONFLICT (pipeline, topic, partition) DO NOTHING;
 
--- name: advance_cursor
-UPDATE ledger.cursors
-SET next_offset = :until_offset, last_batch_id = :batch_id, updated_at = now()
-WHERE pipeline = :pipeline AND topic = :topic AND partition = :partition AND next_offset = :from_offset;
+-- name: advance_cursors
+-- Compare-and-set of every range's cursor from its from_offset to its until_offset, in one statement (parallel
+-- arrays): a cursor no longer where the batch began is not moved, and the commit is fenced.
+UPDATE ledger.cursors c
+SET next_offset = q.until_offset, last_batch_id = :batch_id, updated_at = now()
+FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS int[]), CAST(:from_offsets AS bigint[]),
+            CAST(:until_offsets AS bigint[])) AS q(topic, partition, from_offset, until_offset)
+WHERE c.pipeline = :pipeline AND c.topic = q.topic AND c.partition = q.partition AND c.next_offset = q.from_offset
+RETURNING c.topic, c.partition;
 
--- name: record_end_offset
--- Written only when the offsets moved, so an idle follower planning every second writes nothing;
--- observed_at is when these offsets were first seen.
+-- name: record_end_offsets
+-- Every partition's in one statement (parallel arrays; they were one a partition, each plan). Written only
+-- when the offsets moved, so an idle follower planning every second writes nothing; observed_at is when
+-- these offsets were first seen.
 INSERT INTO ledger.end_offsets (pipeline, topic, partition, log_start, end_offset, observed_at)
-VALUES (:pipeline, :topic, :partition, :log_start, :end_offset, now())
+SELECT :pipeline, e.topic, e.partition, e.log_start, e.end_offset, now()
+FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS int[]), CAST(:log_starts AS bigint[]),
+            CAST(:end_offsets AS bigint[])) AS e(topic, partition, log_start, end_offset)
 ON CONFLICT (pipeline, topic, partition) DO UPDATE
 SET log_start = excluded.log_start, end_offset = excluded.end_offset, observed_at = excluded.observed_at
 WHERE (ledger.end_offsets.log_start, ledger.end_offsets.end_offset) IS DISTINCT FROM (excluded.log_start, excluded.end_offset);

@@ -19,7 +19,7 @@ from ledgerbatch.commit.target import lock_target
 from ledgerbatch.errors import FencedError, LedgerbatchError, ReconcileError
 from ledgerbatch.faults import crash_point, terminate_point
 from ledgerbatch.ledger.batches import get_batch, lock_pipeline, mark_committed, mark_failed, record_replaced
-from ledgerbatch.ledger.cursors import advance_cursor, range_kind
+from ledgerbatch.ledger.cursors import advance_cursors, range_kind
 from ledgerbatch.ledger.quarantine import clear_quarantine, quarantine_staged
 from ledgerbatch.model.batch import BatchKind, BatchStatus, RangeRefused
 from ledgerbatch.model.reconcile import (
@@ -92,9 +92,10 @@ def _commit(engine: Engine, spec: PipelineSpec, batch_id: int, attempt: int | No
         # 2. Live: compare-and-set every cursor from `from` to `until`.
         #    Replay/backfill: the cursors stay; each range must still be what it was planned as.
         if batch.kind == BatchKind.LIVE:
-            for r in batch.ranges:
-                if not advance_cursor(conn, spec.name, batch_id, r):
-                    raise FencedError(f"batch {batch_id}: cursor of {r.topic}[{r.partition}] is no longer at {r.from_offset}: fenced")
+            stale = advance_cursors(conn, spec.name, batch_id, batch.ranges)
+            if stale:
+                r = stale[0]
+                raise FencedError(f"batch {batch_id}: cursor of {r.topic}[{r.partition}] is no longer at {r.from_offset}: fenced")
         else:
             locking = time.monotonic()
             lock_pipeline(conn, spec.name)

@@ -47,11 +47,9 @@ def get_batch(conn: Connection, batch_id: int, for_update: bool = False) -> Batc
 
 def insert_batch(conn: Connection, pipeline: str, kind: BatchKind, ranges: list[OffsetRange]) -> int:
     batch_id = run(conn, "insert_batch", {"pipeline": pipeline, "kind": kind.value}).scalar_one()
-    for r in ranges:
-        run(conn, "insert_range", {
-            "batch_id": batch_id, "pipeline": pipeline, "kind": kind.value, "topic": r.topic,
-            "partition": r.partition, "from_offset": r.from_offset, "until_offset": r.until_offset,
-        })
+    if ranges:
+        run(conn, "insert_ranges", {"batch_id": batch_id, "pipeline": pipeline, "kind": kind.value,
+                                    **range_arrays(ranges)})
     return batch_id
 
 

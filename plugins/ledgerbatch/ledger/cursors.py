@@ -6,7 +6,7 @@ from sqlalchemy.engine import Connection
 
 from ledgerbatch.ledger.sql import run
 from ledgerbatch.model.batch import BatchKind, RangeRefused, classify
-from ledgerbatch.model.ranges import OffsetRange, TopicPartition, Watermarks
+from ledgerbatch.model.ranges import OffsetRange, TopicPartition, Watermarks, range_arrays
 
 
 def get_cursors(conn: Connection, pipeline: str, topics: tuple[str, ...] | None = None) -> dict[TopicPartition, int]:
@@ -26,21 +26,21 @@ def init_cursors(conn: Connection, pipeline: str, starts: dict[TopicPartition, i
         run(conn, "init_cursor", {"pipeline": pipeline, "topic": topic, "partition": partition, "offset": offset})
 
 
-def advance_cursor(conn: Connection, pipeline: str, batch_id: int, r: OffsetRange) -> bool:
-    """Compare-and-set: moves the cursor from `from` to `until` only if it still stands at `from`."""
-    return run(conn, "advance_cursor", {
-        "pipeline": pipeline, "topic": r.topic, "partition": r.partition,
-        "from_offset": r.from_offset, "until_offset": r.until_offset, "batch_id": batch_id,
-    }).rowcount == 1
+def advance_cursors(conn: Connection, pipeline: str, batch_id: int, ranges: tuple[OffsetRange, ...]) -> list[OffsetRange]:
+    """Compare-and-set: moves each range's cursor from `from` to `until` only if it still stands at `from`;
+    the ranges whose cursor did not (the caller's transaction must then roll back the others' moves)."""
+    moved = {(r.topic, r.partition) for r in run(conn, "advance_cursors", {
+        "pipeline": pipeline, "batch_id": batch_id, **range_arrays(ranges)})}
+    return [r for r in ranges if r.topic_partition not in moved]
 
 
 def record_end_offsets(conn: Connection, pipeline: str, ends: dict[TopicPartition, Watermarks]) -> None:
     """Keep what Kafka said at this plan: `ledger.partition_lag` and `status` read lag from it without Kafka."""
     if ends:
-        run(conn, "record_end_offset", [
-            {"pipeline": pipeline, "topic": topic, "partition": partition, "log_start": wm.low, "end_offset": wm.high}
-            for (topic, partition), wm in sorted(ends.items())
-        ])
+        marks = sorted(ends.items())
+        run(conn, "record_end_offsets", {
+            "pipeline": pipeline, "topics": [tp[0] for tp, _ in marks], "partitions": [tp[1] for tp, _ in marks],
+            "log_starts": [wm.low for _, wm in marks], "end_offsets": [wm.high for _, wm in marks]})
 
 
 def range_kind(conn: Connection, pipeline: str, r: OffsetRange) -> BatchKind:
