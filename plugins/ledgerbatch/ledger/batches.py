@@ -10,7 +10,7 @@ from ledgerbatch.errors import FENCED, FencedError, LedgerbatchError
 from ledgerbatch.ledger.sql import run
 from ledgerbatch.model.batch import Batch, BatchKind, BatchStatus
 from ledgerbatch.model.ranges import OffsetRange, TopicPartition, range_arrays
-from ledgerbatch.sqlfiles import query
+from ledgerbatch.sqlfiles import Fragment, query
 
 # -- migrations' own bookkeeping (ledger.schema_migrations)
 
@@ -28,20 +28,21 @@ def open_live_batch_id(conn: Connection, pipeline: str) -> int | None:
 
 
 def get_batch(conn: Connection, batch_id: int, for_update: bool = False) -> Batch:
-    row = run(conn, "lock_batch" if for_update else "get_batch", {"batch_id": batch_id}).first()
+    row = run(conn, "get_batch", {"batch_id": batch_id}, lock=Fragment("FOR UPDATE OF b" if for_update else "")).first()
     if row is None:
         raise LedgerbatchError(f"batch {batch_id} does not exist in ledger.batches")
-    ranges = run(conn, "get_ranges", {"batch_id": batch_id}).all()
+    ranges = list(zip(row.range_topics or [], row.range_partitions or [], row.range_froms or [],
+                      row.range_untils or [], row.range_reads or [], row.range_deletes or [], row.range_skips or []))
     return Batch(
         batch_id=row.batch_id, pipeline=row.pipeline, kind=BatchKind(row.kind), status=BatchStatus(row.status),
         attempt=row.attempt, staging_table=row.staging_table, records_read=row.records_read,
         rows_written=row.rows_written, rows_quarantined=row.rows_quarantined, error=row.error,
-        ranges=tuple(OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset) for r in ranges),
-        range_counts={(r.topic, r.partition): r.records_read for r in ranges},
+        ranges=tuple(OffsetRange(topic, partition, lo, hi) for topic, partition, lo, hi, *_ in ranges),
+        range_counts={(topic, partition): read for topic, partition, _, _, read, *_ in ranges},
         records_filtered=row.records_filtered, groups_written=row.groups_written, output_schema=row.output_schema,
         rows_deleted=row.rows_deleted, records_skipped=row.records_skipped, spec_version=row.spec_version,
         rows_rejected=row.rows_rejected, records_superseded=row.records_superseded,
-        range_changes={(r.topic, r.partition): (r.rows_deleted, r.records_skipped) for r in ranges},
+        range_changes={(topic, partition): (deleted, skipped) for topic, partition, *_, deleted, skipped in ranges},
     )
 
 
