@@ -10,7 +10,7 @@ from .run import explore
 RULES = {"produce", "retention", "run", "live", "redeliver", "abandon_open", "compact",
          "rollup", "purge", "offsets", "caps", "error_budget", "pause_or_resume", "user_ddl", "tamper", "verify_deep",
          "interfere", "settle", "lose", "partition_bound",
-         "interfere_upkeep"}  # every rule, as it counts itself in Simulation.drawn (backfill_compacted as redeliver)
+         "interfere_upkeep", "quarantine_retention"}  # every rule, as it counts itself in Simulation.drawn (backfill_compacted as redeliver)
 # Their variants (`redeliver:backfill`, `user_ddl:check`, `tamper:change:deep`, ...) are counted and printed: in
 # 60 s (one round of ten histories at about 6 steps a second) not every variant comes up, every rule does.
 
