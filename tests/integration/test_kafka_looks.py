@@ -56,3 +56,18 @@ def test_kafka_away_fails_a_round_of_looks_once_not_one_after_another(monkeypatc
     took = time.monotonic() - started
     assert all(isinstance(e, UnavailableError) and "not reachable" in str(e) for e in got), got
     assert took < 5, took  # a round or two of 1 s, where twelve waits one after another took 12 s
+
+
+def test_settings_no_consumer_can_be_made_with_fail_every_look_at_once(broker):
+    """A consumer that cannot be made (a CA file that is not there) fails each look with librdkafka's reason,
+    the ones queued meanwhile and the later ones, instead of leaving them waiting for a thread that is gone."""
+    from confluent_kafka import KafkaException
+
+    options = {"security.protocol": "ssl", "ssl.ca.location": "/nonexistent/ca.pem"}
+    with looks.shared():
+        started = time.monotonic()
+        got = in_threads(lambda _: kafka.watermarks(broker.bootstrap_servers, ("t",), options), list(range(4)))
+        assert all(isinstance(e, KafkaException) and "ssl.ca.location" in str(e) for e in got), got
+        with pytest.raises(KafkaException, match="ssl.ca.location"):
+            kafka.watermarks(broker.bootstrap_servers, ("t",), options)
+        assert time.monotonic() - started < 10

@@ -68,6 +68,7 @@ class Looker:
         self._cond = threading.Condition()
         self._queue: list[_Look] = []
         self._closed = False
+        self._failed: BaseException | None = None  # its consumer could not be made (bad settings)
         self._thread = threading.Thread(target=self._run, name="kafka-looks", daemon=True)
         self._thread.start()
 
@@ -75,6 +76,8 @@ class Looker:
         """Every topic's results merged, from the next round; raises the first error of one of `topics`."""
         look = _Look(tuple(topics))
         with self._cond:
+            if self._failed is not None:
+                raise self._failed
             if self._closed:
                 raise RuntimeError("the shared Kafka looks are closed")
             self._queue.append(look)
@@ -91,7 +94,15 @@ class Looker:
         self._thread.join()
 
     def _run(self) -> None:
-        consumer = Consumer(self.conf)
+        try:
+            consumer = Consumer(self.conf)
+        except Exception as exc:  # noqa: BLE001 - settings it refuses (a missing CA file): every look with them
+            with self._cond:     # fails at once, now and later, instead of waiting for a thread that is gone
+                self._failed, failing, self._queue = exc, self._queue, []
+            for look in failing:
+                look.error = exc
+                look.done.set()
+            return
         try:
             while True:
                 with self._cond:
