@@ -130,13 +130,10 @@ SELECT DISTINCT pipeline FROM ledger.batches ORDER BY pipeline;
 -- table (drop_staging drops the bad-records table with it). From pg_catalog, not information_schema, which
 -- hides tables the login has no privilege on (the writer's, from an admin login); only those the login may
 -- drop (it owns them, or is a member of their owner): the others are left for their owner's next clean-up.
--- It runs after every commit: the name range (implied by the pattern) reads pg_class's name index instead of
--- the whole catalog, which every pipeline's targets, partitions and indexes fill (2 ms against 7 with 12,000).
 SELECT DISTINCT regexp_replace(c.relname, '_bad$', '') AS table_name
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN ledger.batches b ON b.batch_id = substring(c.relname FROM '^b(\d+)_a\d+(_bad)?$')::bigint
 WHERE n.nspname = 'ledger_staging' AND c.relkind IN ('r', 'p') AND c.relname ~ '^b\d+_a\d+(_bad)?$'
-  AND c.relname >= 'b' AND c.relname < 'c'
   AND pg_has_role(c.relowner, 'USAGE')
   AND (b.batch_id IS NULL OR (b.pipeline = :pipeline AND b.status IN ('committed', 'abandoned')));
 
